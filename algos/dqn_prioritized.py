@@ -1,0 +1,947 @@
+"""Double DQN with prioritized experience replay and n-step returns, in one file.
+
+What it implements
+  * Double DQN (van Hasselt, Guez & Silver 2016, "Deep Reinforcement Learning with Double
+    Q-learning", arXiv:1509.06461) on top of DQN (Mnih et al. 2015, Nature 518).
+  * Proportional prioritized experience replay (Schaul, Quan, Antonoglou & Silver 2016,
+    "Prioritized Experience Replay", arXiv:1511.05952), stored in cpprb.
+  * n-step returns (Sutton 1988; used with PER in Rainbow, Hessel et al. 2018, arXiv:1710.02298).
+  * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
+    batches and puts them on the device, K SGD steps are fused in one jitted `lax.scan`, and
+    priorities are written back from another thread.
+
+Update equations (one SGD step on a batch of B transitions i, each spanning k_i <= n steps)
+  G_i      = sum_{j<k_i} gamma^j r_{t+j}                       (rewards optionally clipped)
+  d_i      = gamma^{k_i} * (1 - terminated_i)                  (truncation still bootstraps)
+  a*_i     = argmax_a Q(s'_i, a; theta)                         (online net selects ...)
+  y_i      = G_i + d_i * Q(s'_i, a*_i; theta_target)           (... target net evaluates)
+  delta_i  = y_i - Q(s_i, a_i; theta)
+  L(theta) = (1/B) sum_i w_i * huber(delta_i)
+  P(i)     = p_i^alpha / sum_j p_j^alpha,   p_i = |delta_i| + eps,  new transitions get max_j p_j
+  w_i      = (N * P(i))^-beta / max_j (N * P(j))^-beta
+             cpprb normalises by the largest weight over the whole buffer (the transition with the
+             smallest priority), not over the batch, so every w_i <= 1 and the scale of the loss
+             does not depend on which transitions happened to be drawn together.
+  beta     annealed linearly from --per-beta0 to 1 over --total-timesteps.
+  theta_target <- tau * theta + (1 - tau) * theta_target   every --target-network-frequency SGD steps.
+
+--no-prioritized runs exactly the same code with alpha = 0: every P(i) = 1/N and every w_i = 1,
+which is uniform replay, so an ablation changes one number and nothing else.
+
+Run
+  python algos/dqn_prioritized.py                          # CartPole-v1, solves it (eval 500)
+  python algos/dqn_prioritized.py --env-id Acrobot-v1 --seed 2
+  python algos/dqn_prioritized.py --resume runs/<run>      # continue an interrupted run
+  python algos/dqn_prioritized.py --eval-only --load runs/<run>/model.pkl
+  python algos/dqn_prioritized.py --help                   # every flag
+
+Outputs (runs/<env_id>__dqn_prioritized__<seed>__<unix_time>/)
+  args.json, eval.csv (step, mean, std, episodes), tensorboard events with the tags
+  charts/episodic_return, charts/episodic_length, charts/SPS, charts/epsilon, losses/td_loss,
+  losses/q_values, eval/episodic_return(_std), replay/beta, replay/priority_max,
+  perf/updates_per_second, perf/learner_wait_fraction; checkpoint.pkl (latest, written
+  atomically) and model.pkl (final parameters).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Read by jax when it initialises its backend, so it must be set before `import jax`: without it
+# a GPU run would grab 75% of the device memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import csv
+import dataclasses
+import json
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import cpprb
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+import tyro
+
+SCRIPT = "dqn_prioritized"
+CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"
+    """gymnasium id of an environment with a Discrete action space and vector observations"""
+    seed: int = 1
+    """seed of the training envs, the eval env, the network and the exploration"""
+    total_timesteps: int = 60_000
+    """environment steps, summed over all envs"""
+    num_envs: int = 1
+    """parallel environments (gymnasium's synchronous vector env)"""
+    hidden_sizes: Tuple[int, ...] = (120, 84)
+    """widths of the MLP's hidden layers"""
+    learning_rate: float = 1e-3
+    """Adam's learning rate"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over training, which steadies the final policy"""
+    max_grad_norm: float = 10.0
+    """clip the global gradient norm to this value"""
+    buffer_size: int = 50_000
+    """replay capacity, in transitions"""
+    batch_size: int = 128
+    """transitions per SGD step"""
+    gamma: float = 0.99
+    """discount factor"""
+    n_step: int = 3
+    """steps per return; 1 is plain one-step Q-learning"""
+    huber_delta: float = 1.0
+    """Huber loss threshold; a large value gives the squared error"""
+    clip_reward: Optional[float] = None
+    """clip each per-step reward to [-c, c] before the n-step sum (the DQN paper used 1)"""
+    tau: float = 1.0
+    """target-network update rate: 1 copies the online net, < 1 is a Polyak average"""
+    target_network_frequency: int = 500
+    """SGD steps between target-network updates"""
+    learning_starts: int = 1_000
+    """environment steps of pure collection before learning starts"""
+    train_frequency: int = 2
+    """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
+    start_e: float = 1.0
+    """initial exploration epsilon"""
+    end_e: float = 0.01
+    """final exploration epsilon"""
+    exploration_fraction: float = 0.2
+    """fraction of --total-timesteps over which epsilon decays linearly"""
+    prioritized: bool = True
+    """prioritized replay; --no-prioritized samples uniformly through the same code (alpha = 0)"""
+    per_alpha: float = 0.6
+    """priority exponent alpha (0 is uniform)"""
+    per_beta0: float = 0.4
+    """initial importance-sampling exponent beta, annealed linearly to 1"""
+    per_eps: float = 1e-6
+    """added to |TD| so that no transition has zero probability"""
+    updates_per_call: int = 16
+    """SGD steps fused in one jitted call (lax.scan)"""
+    prefetch_size: int = 2
+    """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    eval_every: int = 10_000
+    """environment steps between evaluations"""
+    eval_episodes: int = 10
+    """episodes per evaluation (run in parallel)"""
+    eval_epsilon: float = 0.0
+    """epsilon of the evaluation policy"""
+    checkpoint_every: int = 50_000
+    """environment steps between checkpoints (0 disables periodic checkpoints)"""
+    checkpoint_replay: bool = True
+    """include the replay buffer and its priorities in checkpoints"""
+    log_every: int = 1_000
+    """environment steps between tensorboard scalars; the console line is every 10 of these"""
+    run_dir: Optional[str] = None
+    """output folder; default runs/<env_id>__dqn_prioritized__<seed>__<unix_time>"""
+    resume: Optional[str] = None
+    """run folder to continue from its checkpoint.pkl (its args.json is reused; flags given
+    here that differ from their defaults override it)"""
+    eval_only: bool = False
+    """evaluate the parameters in --load and exit"""
+    load: Optional[str] = None
+    """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line, without a traceback."""
+
+
+def check_args(args: Args) -> None:
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
+                "target_network_frequency", "train_frequency", "updates_per_call",
+                "prefetch_size", "eval_every", "eval_episodes", "log_every")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        raise ConfigError(f"--hidden-sizes must be positive widths, got {args.hidden_sizes}")
+    if args.batch_size > args.buffer_size:
+        raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts < args.batch_size:
+        raise ConfigError(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
+    for name in ("gamma", "tau", "exploration_fraction"):
+        if not 0.0 < getattr(args, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(args, name)}")
+    for name in ("start_e", "end_e", "eval_epsilon", "per_beta0"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
+    for name in ("learning_rate", "max_grad_norm", "huber_delta", "per_eps"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.per_alpha < 0:
+        raise ConfigError(f"--per-alpha must be >= 0, got {args.per_alpha}")
+    if args.checkpoint_every < 0 or args.learning_starts < 0:
+        raise ConfigError("--checkpoint-every and --learning-starts must be >= 0")
+    if args.clip_reward is not None and args.clip_reward <= 0:
+        raise ConfigError(f"--clip-reward must be positive, got {args.clip_reward}")
+    if args.eval_only and not args.load:
+        raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env in SAME_STEP autoreset mode, checked for what DQN can handle.
+
+    SAME_STEP: the step that ends an episode returns the first observation of the next one and
+    puts the real last observation in info["final_obs"]. The default (NEXT_STEP) would instead
+    spend one extra step per episode on a reset whose transition must be thrown away.
+    """
+    try:
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    except gym.error.Error as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        raise ConfigError(f"{env_id} has a {type(envs.single_action_space).__name__} action space; "
+                          "DQN needs Discrete actions (use algos/sac.py for continuous control)")
+    space = envs.single_observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        envs.close()
+        raise ConfigError(f"{env_id} has observations {space}; this script takes flat vector "
+                          "observations (image observations are not supported yet)")
+    return envs
+
+
+def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
+    """Reset with seeds seed, seed+1, ... (one per sub-env) and seed the action space."""
+    envs.action_space.seed(seed)
+    obs, _ = envs.reset(seed=seed)
+    return obs
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+
+class QNetwork(nn.Module):
+    num_actions: int
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = obs.astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: n-step assembly and the prioritized buffer
+# ---------------------------------------------------------------------------------------------
+
+class NStepAssembler:
+    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
+
+    Each env keeps the last n (obs, action, reward) in a ring. A step emits, per env:
+      * nothing while fewer than n steps are pending and the episode goes on;
+      * the oldest pending step, with return over n rewards, next_obs = the obs after this step
+        and discount gamma^n, once n are pending;
+      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
+        the real final observation, and discount gamma^k if the episode was truncated (the state
+        was not terminal, so the return still bootstraps) or 0 if it terminated.
+    """
+
+    def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype,
+                 clip_reward: Optional[float] = None):
+        self.n, self.gamma, self.clip_reward = n, gamma, clip_reward
+        self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
+        self.action = np.zeros((n, num_envs), np.int64)
+        self.reward = np.zeros((n, num_envs), np.float32)
+        self.pending = np.zeros(num_envs, np.int64)
+        self.t = 0  # steps pushed so far; the ring slot of step s is s % n
+
+    def reset(self) -> None:
+        """Forget pending steps (the envs were reset, e.g. on resume)."""
+        self.pending[:] = 0
+
+    def _emit(self, envs: np.ndarray, ages: np.ndarray, next_obs: np.ndarray,
+              terminated: np.ndarray) -> dict:
+        """Transitions that started `ages` steps before the latest one, for the given envs."""
+        first = self.t - 1 - ages  # the step each transition starts at
+        ret = np.zeros(len(envs), np.float32)
+        for j in range(self.n):  # j-th reward of each transition, while j <= age
+            live = j <= ages
+            ret += np.where(live, self.gamma ** j * self.reward[(first + j) % self.n, envs], 0.0)
+        k = ages + 1
+        discount = (self.gamma ** k) * (1.0 - terminated)
+        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
+                "reward": ret, "next_obs": next_obs, "discount": discount.astype(np.float32)}
+
+    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
+        """Add one vector step; next_obs must hold the real final observation where done."""
+        if self.clip_reward is not None:
+            reward = np.clip(reward, -self.clip_reward, self.clip_reward)
+        slot = self.t % self.n
+        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
+        self.t += 1
+        self.pending = np.minimum(self.pending + 1, self.n)
+        done = terminated | truncated
+        full = np.flatnonzero((self.pending == self.n) & ~done)
+        parts = []
+        if full.size:
+            parts.append(self._emit(full, np.full(full.size, self.n - 1), next_obs[full],
+                                    np.zeros(full.size, np.float32)))
+        if done.any():
+            ended = np.flatnonzero(done)
+            envs = np.repeat(ended, self.pending[ended])
+            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
+            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float32)))
+            self.pending[ended] = 0
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+class PrioritizedReplay:
+    """cpprb's PrioritizedReplayBuffer, made safe for the three threads that touch it.
+
+    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
+      (writer thread); cpprb itself is not thread-safe.
+    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
+      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
+    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
+      counts it saw; its priorities are written back only where the count has not moved, so a
+      |TD| computed for an old transition never lands on the new one that replaced it.
+    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
+      back, so a checkpoint can save and restore them.
+    """
+
+    STAGE_ROWS = 128
+
+    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float):
+        self.capacity = capacity
+        spec = {"obs": {"shape": obs_shape, "dtype": obs_dtype},
+                "next_obs": {"shape": obs_shape, "dtype": obs_dtype},
+                "action": {"dtype": np.int64}, "reward": {"dtype": np.float32},
+                "discount": {"dtype": np.float32}}
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+        self.lock = threading.Lock()
+        self.write_count = np.zeros(capacity, np.int64)
+        self.priority = np.zeros(capacity, np.float64)
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + np.shape(np.zeros(v.get("shape", ()))),
+                                  v["dtype"]) for k, v in spec.items()}
+        self.staged = 0
+
+    def add(self, batch: Optional[dict]) -> None:
+        if batch is None:
+            return
+        rows = len(batch["action"])
+        start = 0
+        while start < rows:
+            take = min(rows - start, self.STAGE_ROWS - self.staged)
+            for key, column in self.stage.items():
+                column[self.staged:self.staged + take] = batch[key][start:start + take]
+            self.staged += take
+            start += take
+            if self.staged == self.STAGE_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand staged rows to cpprb at the current max priority (the paper's rule for new data)."""
+        if not self.staged:
+            return
+        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        with self.lock:
+            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
+            self.buffer.add(**rows)
+            np.add.at(self.write_count, slots, 1)
+            self.priority[slots] = self.buffer.get_max_priority()
+        self.staged = 0
+
+    def size(self) -> int:
+        with self.lock:
+            return self.buffer.get_stored_size()
+
+    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
+        with self.lock:
+            batch = self.buffer.sample(batch_size, beta=self.beta)
+            indexes = batch.pop("indexes").astype(np.int64)
+            stamps = self.write_count[indexes]
+        batch["action"] = batch["action"].reshape(-1)
+        for key in ("reward", "discount", "weights"):
+            batch[key] = batch[key].reshape(-1).astype(np.float32)
+        return batch, indexes, stamps
+
+    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
+        """Write |TD| back where the slot still holds the sampled transition; returns rows kept."""
+        with self.lock:
+            fresh = self.write_count[indexes] == stamps
+            if fresh.any():
+                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
+                self.priority[indexes[fresh]] = priorities[fresh]
+        return int(fresh.sum())
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def state_dict(self) -> dict:
+        self.flush()
+        with self.lock:
+            stored = self.buffer.get_stored_size()
+            return {"transitions": self.buffer.get_all_transitions() if stored else {},
+                    "priority": self.priority[:stored].copy(), "next_index": self.buffer.get_next_index(),
+                    "max_priority": float(self.buffer.get_max_priority())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Rebuild cpprb slot by slot, so indexes, priorities and the insert position all match."""
+        with self.lock:
+            self.buffer.clear()
+            stored = len(state["priority"])
+            if stored:
+                data, prio = state["transitions"], state["priority"]
+                self.buffer.add(**data, priorities=prio)
+                if stored == self.capacity and state["next_index"]:
+                    # Full buffer: rewrite slots [0, next_index) with the same rows so that the
+                    # next insert overwrites the oldest transition, as it would have.
+                    k = state["next_index"]
+                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
+                # then put slot 0's own priority back.
+                self.buffer.update_priorities(np.array([0]), np.array([state["max_priority"]]))
+                self.buffer.update_priorities(np.array([0]), prio[:1])
+                self.priority[:stored] = prio
+            self.write_count[:] = 0
+        self.staged = 0
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefetch and priority write-back threads
+# ---------------------------------------------------------------------------------------------
+
+class Prefetcher:
+    """Samples ahead on a background thread and puts the batches on the device (as Acme does).
+
+    The learner then only waits when sampling is slower than learning; perf/learner_wait_fraction
+    measures that. An exception in the thread is re-raised by the next get().
+    """
+
+    def __init__(self, produce: Callable[[], Any], size: int):
+        self._produce = produce
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._produce()
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as e:  # handed to the consumer, who re-raises it
+            self._error = e
+            self._stop.set()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._error is not None:
+                    raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
+                if self._stop.is_set():
+                    raise RuntimeError("prefetcher is closed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PriorityWriter:
+    """Writes |TD| back into the replay on a background thread.
+
+    Reading the TD errors waits for the learner's computation, so doing it here keeps that wait
+    (and the lock) off the acting loop. flush() blocks until everything submitted is written.
+    """
+
+    def __init__(self, replay: PrioritizedReplay):
+        self._replay = replay
+        self._queue: queue.Queue = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                indexes, stamps, td = item
+                self._replay.update_priorities(indexes, stamps, np.abs(np.asarray(td, np.float64)).reshape(-1))
+            except BaseException as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def submit(self, indexes: np.ndarray, stamps: np.ndarray, td: jax.Array) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+        self._queue.put((indexes, stamps, td))
+
+    def flush(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class TrainState(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    sgd_steps: jax.Array
+
+
+def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
+    lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
+          if args.anneal_lr else args.learning_rate)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr))
+
+
+def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
+    """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
+    # One forward pass of the online net over s and s' together (it needs both).
+    batch_size = batch["obs"].shape[0]
+    q_online = q_apply(params, jnp.concatenate([batch["obs"], batch["next_obs"]]))
+    q_tm1, q_t_selector = q_online[:batch_size], q_online[batch_size:]
+    q_t_value = q_apply(target_params, batch["next_obs"])
+    td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
+                                          q_t_value, q_t_selector)
+    loss = jnp.mean(batch["weights"] * rlax.huber_loss(td, huber_delta))
+    q_taken = jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1)
+    return loss, (td, q_taken.mean())
+
+
+def make_update(q_apply, optimizer, args: Args):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, td[K, B]): K SGD steps in one lax.scan."""
+
+    def sgd_step(state: TrainState, batch: dict):
+        grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
+        (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch,
+                                              args.huber_delta)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        sgd_steps = state.sgd_steps + 1
+        target_params = optax.periodic_update(
+            optax.incremental_update(params, state.target_params, args.tau),
+            state.target_params, sgd_steps, args.target_network_frequency)
+        return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
+
+    def update(state: TrainState, batches: dict):
+        state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
+        return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, td
+
+    return jax.jit(update, donate_argnums=0)
+
+
+def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
+    params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    # A copy, not the same arrays: the update donates its input state, and one buffer cannot be
+    # donated twice.
+    target_params = jax.tree_util.tree_map(jnp.copy, params)
+    return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting
+# ---------------------------------------------------------------------------------------------
+
+def make_act(q_apply, num_actions: int):
+    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy.
+
+    The exploration key is fold_in(key, step), so acting needs no key to be carried back out of
+    the call, and one uniform draw serves both coin flip and random action: on CPU each extra
+    PRNG call costs more than the network itself.
+    """
+
+    def act(params, obs, epsilon, key, step):
+        u = jax.random.uniform(jax.random.fold_in(key, step), (2, obs.shape[0]))
+        greedy = jnp.argmax(q_apply(params, obs), axis=-1)
+        random = jnp.minimum((u[1] * num_actions).astype(greedy.dtype), num_actions - 1)
+        return jnp.where(u[0] < epsilon, random, greedy)
+
+    return jax.jit(act)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+def evaluate(act, params, env_id: str, episodes: int, epsilon: float, seed: int) -> np.ndarray:
+    """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode).
+
+    The same seeds every time, so successive evaluations differ only by the policy.
+    """
+    envs = make_env(env_id, episodes)
+    try:
+        obs = seed_envs(envs, seed)
+        key = jax.random.PRNGKey(seed)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        step = 0
+        while running.any():
+            actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(step)))
+            obs, reward, terminated, truncated, _ = envs.step(actions)
+            returns += reward * running
+            running &= ~(terminated | truncated)
+            step += 1
+        return returns
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and logging
+# ---------------------------------------------------------------------------------------------
+
+def save_pickle_atomic(path: str, payload: dict) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash leaves the old file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_payload(path: str) -> dict:
+    """A checkpoint.pkl or model.pkl written by this script, or a one-line ConfigError."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pkl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no such file: {path}")
+    try:
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+    except Exception as e:
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} was not written by {SCRIPT}.py")
+    return payload
+
+
+def restore_tree(template, leaves: list, what: str):
+    """Put saved leaves into the structure of `template`, checking they fit."""
+    flat, treedef = jax.tree_util.tree_flatten(template)
+    if len(flat) != len(leaves) or any(np.shape(a) != np.shape(b) for a, b in zip(flat, leaves)):
+        raise ConfigError(f"the saved {what} does not match this network (different --hidden-sizes "
+                          "or env?)")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+
+
+def host_leaves(tree) -> list:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+
+
+class Logger:
+    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
+
+    def __init__(self, run_dir: str):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(run_dir)
+        self._eval_csv = os.path.join(run_dir, "eval.csv")
+
+    def scalars(self, step: int, values: dict) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
+                                       for k, v in values.items()])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def eval(self, step: int, returns: np.ndarray) -> None:
+        self.scalars(step, {"eval/episodic_return": returns.mean(),
+                            "eval/episodic_return_std": returns.std()})
+        new = not os.path.exists(self._eval_csv)
+        with open(self._eval_csv, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "mean", "std", "episodes"])
+            writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def resolve_args(args: Args) -> Args:
+    """For --resume: the run's saved flags, overridden by those given here that differ from the
+    defaults (e.g. a larger --total-timesteps to extend the run)."""
+    path = os.path.join(args.resume, "args.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("script") != SCRIPT:
+        raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
+    defaults = Args()
+    merged = {}
+    for field in dataclasses.fields(Args):
+        given = getattr(args, field.name)
+        value = saved["args"].get(field.name, given)
+        if given != getattr(defaults, field.name):
+            value = given
+        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+    merged.update(resume=args.resume, run_dir=args.resume)
+    return Args(**merged)
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag that the loop checks between steps, so the last checkpoint is
+    taken from a consistent state; a second signal interrupts at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def run_eval_only(args: Args) -> np.ndarray:
+    payload = load_payload(args.load)
+    saved = Args(**{**payload["args"], "hidden_sizes": tuple(payload["args"]["hidden_sizes"])})
+    envs = make_env(saved.env_id, 1)
+    num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
+    envs.close()
+    network = QNetwork(num_actions, saved.hidden_sizes)
+    template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
+    params = restore_tree(template, payload["params"], "parameters")
+    act = make_act(network.apply, num_actions)
+    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
+    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    return returns
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError."""
+    check_args(args)
+    # On CPU, jax's asynchronous dispatch hands every call to another thread; for the tiny
+    # per-step policy call that handoff costs more than the network (about 4x here).
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if args.eval_only:
+        returns = run_eval_only(args)
+        return {"eval_mean": float(returns.mean())}
+    if args.resume:
+        args = resolve_args(args)
+        check_args(args)
+
+    envs = make_env(args.env_id, args.num_envs)
+    num_actions = int(envs.single_action_space.n)
+    obs_space = envs.single_observation_space
+    network = QNetwork(num_actions, args.hidden_sizes)
+    total_sgd_steps = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+    optimizer = make_optimizer(args, total_sgd_steps)
+    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+    state = init_train_state(network, optimizer, obs_space.shape, init_key)
+    alpha = args.per_alpha if args.prioritized else 0.0
+    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps)
+    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_space.shape, obs_space.dtype,
+                           args.clip_reward)
+    act = make_act(network.apply, num_actions)
+    update = make_update(network.apply, optimizer, args)
+
+    global_step, episodes = 0, 0
+    if args.resume:
+        payload = load_payload(os.path.join(args.resume, "checkpoint.pkl"))
+        state = restore_tree(state, payload["train_state"], "train state")
+        key = jnp.asarray(payload["key"])
+        global_step, episodes = payload["global_step"], payload["episodes"]
+        if payload.get("replay") is not None:
+            replay.load_state_dict(payload["replay"])
+        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps)")
+    run_dir = args.run_dir or os.path.join(
+        "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
+    logger = Logger(run_dir)
+    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.pkl"), os.path.join(run_dir, "model.pkl")
+
+    def checkpoint():
+        writer.flush()
+        save_pickle_atomic(ckpt_path, {
+            "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
+            "params": host_leaves(state.params), "train_state": host_leaves(state),
+            "key": np.asarray(key), "global_step": global_step, "episodes": episodes,
+            "replay": replay.state_dict() if args.checkpoint_replay else None})
+
+    def sample_batches():
+        batch, indexes, stamps = replay.sample(args.updates_per_call * args.batch_size)
+        batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
+        return jax.device_put(batch), indexes, stamps
+
+    # The envs restart on resume (their state is not checkpointed); the seed moves with the step
+    # so that a resumed run does not replay the episodes it began with.
+    obs = seed_envs(envs, args.seed + global_step)
+    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    sgd_done = int(state.sgd_steps)
+    prefetcher: Optional[Prefetcher] = None
+    writer = PriorityWriter(replay)
+    metrics: dict = {}
+    window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
+    next_eval = (global_step // args.eval_every + 1) * args.eval_every
+    next_ckpt = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_log = (global_step // args.log_every + 1) * args.log_every
+    last_eval = None
+    stop = StopRequest()
+    try:
+        with stop:
+            while global_step < args.total_timesteps and stop.signum is None:
+                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+                actions = np.asarray(act(state.params, obs, np.float32(epsilon), key, np.int32(global_step)))
+                next_obs, reward, terminated, truncated, info = envs.step(actions)
+                done = terminated | truncated
+                real_next_obs = next_obs
+                if done.any():  # SAME_STEP autoreset: next_obs already starts the next episode
+                    real_next_obs = next_obs.copy()
+                    for i in np.flatnonzero(done):
+                        real_next_obs[i] = info["final_obs"][i]
+                replay.add(nstep.push(obs, actions, reward, real_next_obs, terminated, truncated))
+                obs = next_obs
+                global_step += args.num_envs
+                ep_return += reward
+                ep_length += 1
+                if done.any():
+                    for i in np.flatnonzero(done):
+                        episodes += 1
+                        logger.scalars(global_step, {"charts/episodic_return": ep_return[i],
+                                                     "charts/episodic_length": ep_length[i]})
+                    ep_return[done], ep_length[done] = 0.0, 0
+
+                # Replay ratio: one SGD step per train_frequency env steps after learning_starts,
+                # executed in groups of updates_per_call.
+                sgd_due = max(0, global_step - args.learning_starts) // args.train_frequency
+                while sgd_due - sgd_done >= args.updates_per_call:
+                    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
+                    replay.flush()
+                    if prefetcher is None:
+                        prefetcher = Prefetcher(sample_batches, args.prefetch_size)
+                    t0 = time.perf_counter()
+                    batches, indexes, stamps = prefetcher.get()
+                    t1 = time.perf_counter()
+                    state, metrics, td = update(state, batches)
+                    writer.submit(indexes, stamps, td)
+                    window["wait"] += t1 - t0
+                    window["learn"] += time.perf_counter() - t0
+                    sgd_done += args.updates_per_call
+
+                if global_step >= next_log:
+                    next_log += args.log_every
+                    now = time.perf_counter()
+                    elapsed = now - window["time"]
+                    scalars = {"charts/SPS": (global_step - window["step"]) / elapsed,
+                               "charts/epsilon": epsilon, "replay/beta": replay.beta,
+                               "replay/priority_max": replay.max_priority(),
+                               "perf/updates_per_second": (sgd_done - window["sgd"]) / elapsed}
+                    if window["learn"] > 0:
+                        scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
+                    scalars.update({k: float(v) for k, v in metrics.items()})
+                    logger.scalars(global_step, scalars)
+                    if global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps:
+                        print(f"step {global_step:>8d}  SPS {scalars['charts/SPS']:7.0f}  "
+                              f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
+                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}",
+                              flush=True)
+                    window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
+                if global_step >= next_eval:
+                    next_eval += args.eval_every
+                    returns = evaluate(act, state.params, args.env_id, args.eval_episodes,
+                                       args.eval_epsilon, args.seed + 10_000)
+                    logger.eval(global_step, returns)
+                    last_eval = f"{returns.mean():.1f}"
+                if next_ckpt is not None and global_step >= next_ckpt:
+                    next_ckpt += args.checkpoint_every
+                    checkpoint()
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+        writer.flush()
+        writer.close()
+        envs.close()
+    checkpoint()
+    if stop.signum is not None:
+        logger.close()
+        print(f"stopped by signal {stop.signum} at step {global_step}; "
+              f"continue with --resume {run_dir}", flush=True)
+        return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
+
+    save_pickle_atomic(model_path, {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
+                                    "params": host_leaves(state.params)})
+    returns = evaluate(act, state.params, args.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
+    logger.eval(global_step, returns)
+    logger.close()
+    print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
+          f"run dir {run_dir}", flush=True)
+    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
+            "sgd_steps": int(state.sgd_steps)}
+
+
+def cli(argv=None) -> int:
+    args = tyro.cli(Args, args=argv)
+    try:
+        result = main(args)
+    except ConfigError as e:
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        return 2
+    return 128 + result["signal"] if "signal" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
