@@ -250,10 +250,10 @@ class QNetwork(nn.Module):
 class NStepAssembler:
     """Turns per-step transitions of num_envs parallel streams into n-step transitions.
 
-    Each env keeps the last n (obs, action, reward) in a ring. A step emits, per env:
+    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
       * nothing while fewer than n steps are pending and the episode goes on;
-      * the oldest pending step, with return over n rewards, next_obs = the obs after this step
-        and discount gamma^n, once n are pending;
+      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
+        step and discount gamma^n, once n are pending;
       * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
         the real final observation, and discount gamma^k if the episode was truncated (the state
         was not terminal, so the return still bootstraps) or 0 if it terminated.
@@ -261,54 +261,68 @@ class NStepAssembler:
 
     def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype,
                  clip_reward: Optional[float] = None):
-        self.n, self.gamma, self.clip_reward = n, gamma, clip_reward
+        self.n, self.clip_reward = n, clip_reward
+        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
         self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
         self.action = np.zeros((n, num_envs), np.int64)
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
-        self.t = 0  # steps pushed so far; the ring slot of step s is s % n
+        self.all_full = False  # every env has n pending steps: the common case, kept cheap
+        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
+        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
+        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
+        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
 
     def reset(self) -> None:
-        """Forget pending steps (the envs were reset, e.g. on resume)."""
+        """Forget pending steps (the envs were reset)."""
         self.pending[:] = 0
+        self.all_full = False
 
-    def _emit(self, envs: np.ndarray, ages: np.ndarray, next_obs: np.ndarray,
-              terminated: np.ndarray) -> dict:
-        """Transitions that started `ages` steps before the latest one, for the given envs."""
-        first = self.t - 1 - ages  # the step each transition starts at
-        ret = np.zeros(len(envs), np.float32)
-        for j in range(self.n):  # j-th reward of each transition, while j <= age
-            live = j <= ages
-            ret += np.where(live, self.gamma ** j * self.reward[(first + j) % self.n, envs], 0.0)
-        k = ages + 1
-        discount = (self.gamma ** k) * (1.0 - terminated)
+    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
+        """Transitions of `envs` that started `ages` steps before the latest step."""
+        first = self.t - 1 - ages
+        k = ages + 1  # rewards in each transition
+        offsets = np.arange(self.n)
+        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
         return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
-                "reward": ret, "next_obs": next_obs, "discount": discount.astype(np.float32)}
+                "reward": ret.astype(np.float32), "next_obs": next_obs,
+                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """Add one vector step; next_obs must hold the real final observation where done."""
+        """Add one vector step; next_obs must hold the real final observation where done.
+
+        The arrays returned may be views of the ring: copy them before the next push.
+        """
         if self.clip_reward is not None:
             reward = np.clip(reward, -self.clip_reward, self.clip_reward)
         slot = self.t % self.n
         self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
         self.t += 1
-        self.pending = np.minimum(self.pending + 1, self.n)
         done = terminated | truncated
-        full = np.flatnonzero((self.pending == self.n) & ~done)
+        if self.all_full and not done.any():
+            # Every env emits its oldest step: no per-env indexing (this runs every step).
+            oldest = self.t % self.n
+            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
+            return {"obs": self.obs[oldest], "action": self.action[oldest],
+                    "reward": ret.astype(np.float32), "next_obs": next_obs,
+                    "discount": self.n_step_discount}
+        np.minimum(self.pending + 1, self.n, out=self.pending)
+        full = (self.pending == self.n) & ~done
         parts = []
-        if full.size:
-            parts.append(self._emit(full, np.full(full.size, self.n - 1), next_obs[full],
-                                    np.zeros(full.size, np.float32)))
+        if full.any():
+            envs = np.flatnonzero(full)
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
+                                    np.zeros(envs.size)))
         if done.any():
             ended = np.flatnonzero(done)
             envs = np.repeat(ended, self.pending[ended])
             ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float32)))
+            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
             self.pending[ended] = 0
-        if not parts:
-            return None
-        if len(parts) == 1:
-            return parts[0]
+        self.all_full = bool((self.pending == self.n).all())
+        if len(parts) < 2:
+            return parts[0] if parts else None
         return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
@@ -590,16 +604,17 @@ def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState
 def make_act(q_apply, num_actions: int):
     """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy.
 
-    The exploration key is fold_in(key, step), so acting needs no key to be carried back out of
-    the call, and one uniform draw serves both coin flip and random action: on CPU each extra
-    PRNG call costs more than the network itself.
+    One uniform u per env decides both things: explore if u < epsilon, and then u / epsilon is
+    itself uniform on [0, 1) and picks the random action. The key is fold_in(key, step), so no
+    key has to be carried out of the call. On CPU the PRNG, not the network, dominates this
+    call, so drawing once instead of three times matters.
     """
 
     def act(params, obs, epsilon, key, step):
-        u = jax.random.uniform(jax.random.fold_in(key, step), (2, obs.shape[0]))
+        u = jax.random.uniform(jax.random.fold_in(key, step), (obs.shape[0],))
         greedy = jnp.argmax(q_apply(params, obs), axis=-1)
-        random = jnp.minimum((u[1] * num_actions).astype(greedy.dtype), num_actions - 1)
-        return jnp.where(u[0] < epsilon, random, greedy)
+        random = jnp.minimum((u / epsilon * num_actions).astype(greedy.dtype), num_actions - 1)
+        return jnp.where(u < epsilon, random, greedy)
 
     return jax.jit(act)
 

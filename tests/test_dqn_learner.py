@@ -1,0 +1,123 @@
+"""The DQN loss and fused update against numpy references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import load_script
+
+dqn = load_script("dqn_prioritized")
+
+
+def huber(x, delta):
+    a = np.abs(x)
+    return np.where(a <= delta, 0.5 * x ** 2, delta * (a - 0.5 * delta))
+
+
+def random_batch(rng, batch, obs_dim, num_actions):
+    return {"obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
+            "next_obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
+            "action": rng.integers(0, num_actions, batch),
+            "reward": rng.normal(size=batch).astype(np.float32) * 2,
+            "discount": (rng.random(batch) < 0.7).astype(np.float32) * 0.97 ** 3,
+            "weights": rng.random(batch).astype(np.float32)}
+
+
+def numpy_double_q_loss(q, q_next_online, q_next_target, b, delta):
+    """y = r + d * Q_target(s', argmax_a Q_online(s', a)); loss = mean(w * huber(y - Q(s, a)))."""
+    idx = np.arange(len(b["action"]))
+    a_star = q_next_online.argmax(axis=1)
+    y = b["reward"] + b["discount"] * q_next_target[idx, a_star]
+    td = y - q[idx, b["action"]]
+    return np.mean(b["weights"] * huber(td, delta)), td
+
+
+@pytest.mark.parametrize("delta", [1.0, 0.3])
+def test_loss_matches_numpy_reference(delta):
+    rng = np.random.default_rng(0)
+    net = dqn.QNetwork(3, (16,))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 5)))
+    target = net.init(jax.random.PRNGKey(1), jnp.zeros((1, 5)))
+    b = random_batch(rng, 64, 5, 3)
+    loss, (td, _) = dqn.double_q_loss(net.apply, params, target, b, delta)
+    q = np.asarray(net.apply(params, b["obs"]))
+    ref_loss, ref_td = numpy_double_q_loss(q, np.asarray(net.apply(params, b["next_obs"])),
+                                           np.asarray(net.apply(target, b["next_obs"])), b, delta)
+    np.testing.assert_allclose(np.asarray(td), ref_td, rtol=1e-5, atol=1e-5)
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
+    # The online net selects, the target net evaluates: swapping them must change the result.
+    swapped, _ = dqn.double_q_loss(net.apply, target, params, b, delta)
+    assert abs(float(swapped) - ref_loss) > 1e-4
+
+
+def test_loss_gradient_only_through_online_q_of_taken_action():
+    rng = np.random.default_rng(1)
+    net = dqn.QNetwork(2, (8,))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    b = random_batch(rng, 16, 3, 2)
+    b["weights"] = np.zeros(16, np.float32)  # zero IS weights: no gradient at all
+    grads = jax.grad(lambda p: dqn.double_q_loss(net.apply, p, params, b, 1.0)[0])(params)
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_fused_update_equals_sequential_steps_and_counts_target_period():
+    rng = np.random.default_rng(2)
+    args = dqn.Args(target_network_frequency=3, tau=1.0, anneal_lr=False, learning_rate=1e-2)
+    net = dqn.QNetwork(2, (8,))
+    opt = dqn.make_optimizer(args, 100)
+    K = 7
+    batches = [random_batch(rng, 8, 3, 2) for _ in range(K)]
+    stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+    state = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(3))
+    fused_state, metrics, td = dqn.make_update(net.apply, opt, args)(state, stacked)
+
+    # The same K steps one at a time (K=1 calls) must give the same parameters.
+    step1 = dqn.make_update(net.apply, opt, args)
+    seq = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(3))
+    tds = []
+    for b in batches:
+        seq, _, td1 = step1(seq, {k: v[None] for k, v in b.items()})
+        tds.append(np.asarray(td1[0]))
+    for a, b in zip(jax.tree_util.tree_leaves(fused_state), jax.tree_util.tree_leaves(seq)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(td), np.stack(tds), rtol=1e-5, atol=1e-6)
+    assert int(fused_state.sgd_steps) == K
+    # Target copied at SGD step 6 (the last multiple of 3 <= 7), not after step 7.
+    assert td.shape == (K, 8) and np.isfinite(float(metrics["losses/td_loss"]))
+    diff = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(fused_state.params),
+                                                         jax.tree_util.tree_leaves(fused_state.target_params))]
+    assert max(diff) > 0  # step 7 moved the online net away from the copy
+
+
+def test_polyak_target_update():
+    args = dqn.Args(target_network_frequency=1, tau=0.25, anneal_lr=False)
+    net = dqn.QNetwork(2, (4,))
+    opt = dqn.make_optimizer(args, 10)
+    state = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(0))
+    old_target = jax.device_get(state.target_params)
+    b = random_batch(np.random.default_rng(0), 8, 3, 2)
+    new, _, _ = dqn.make_update(net.apply, opt, args)(state, {k: v[None] for k, v in b.items()})
+    for p, t_old, t_new in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(old_target),
+                               jax.tree_util.tree_leaves(new.target_params)):
+        np.testing.assert_allclose(np.asarray(t_new), 0.25 * np.asarray(p) + 0.75 * np.asarray(t_old),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_epsilon_greedy_act():
+    net = dqn.QNetwork(4, (8,))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    act = dqn.make_act(net.apply, 4)
+    obs = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
+    greedy = np.asarray(net.apply(params, obs)).argmax(1)
+    key = jax.random.PRNGKey(5)
+    np.testing.assert_array_equal(np.asarray(act(params, obs, np.float32(0.0), key, np.int32(0))), greedy)
+    random = np.concatenate([np.asarray(act(params, obs, np.float32(1.0), key, np.int32(s))) for s in range(20)])
+    counts = np.bincount(random, minlength=4) / len(random)
+    assert np.all(np.abs(counts - 0.25) < 0.03)  # uniform over all actions
+    half = np.asarray(act(params, obs, np.float32(0.5), key, np.int32(3)))
+    assert 0.25 < np.mean(half != greedy) < 0.5  # explores half the time, 3/4 of those differ
+    # Different steps give different draws; the same step the same draw.
+    a1 = np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1)))
+    np.testing.assert_array_equal(a1, np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1))))
+    assert np.any(a1 != np.asarray(act(params, obs, np.float32(1.0), key, np.int32(2))))

@@ -1,0 +1,174 @@
+"""Prioritized replay: insertion priority, IS weights, beta schedule, stale-slot guard, uniform
+mode, checkpoint state; and the prefetch / priority-writer threads."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers import load_script
+
+dqn = load_script("dqn_prioritized")
+
+
+def rows(n, start=0, obs_dim=2):
+    v = np.arange(start, start + n, dtype=np.float32)
+    return {"obs": np.repeat(v[:, None], obs_dim, 1), "next_obs": np.repeat(v[:, None], obs_dim, 1) + 0.5,
+            "action": np.arange(start, start + n) % 3, "reward": v, "discount": np.full(n, 0.9, np.float32)}
+
+
+def make(capacity=16, alpha=0.6, eps=1e-6):
+    return dqn.PrioritizedReplay(capacity, (2,), np.float32, alpha, eps)
+
+
+def test_staged_rows_reach_the_buffer_on_flush_and_keep_their_contents():
+    rp = make(capacity=300)
+    rp.add(rows(5))
+    assert rp.size() == 0  # staged, not yet in cpprb
+    rp.flush()
+    assert rp.size() == 5
+    rp.add(rows(200, start=5))  # crosses the staging size: flushes by itself
+    rp.flush()
+    assert rp.size() == 205
+    batch, idx, _ = rp.sample(64)
+    np.testing.assert_array_equal(batch["reward"], idx.astype(np.float32))  # slot i holds row i
+    np.testing.assert_array_equal(batch["obs"][:, 0], idx.astype(np.float32))
+
+
+def test_new_transitions_get_the_max_priority_so_far():
+    rp = make(alpha=1.0, eps=0.0)
+    rp.add(rows(4)); rp.flush()
+    _, idx, stamps = rp.sample(4)
+    rp.update_priorities(np.array([0, 1, 2, 3]), np.zeros(4, np.int64) + 1, np.array([1.0, 2.0, 7.0, 3.0]))
+    rp.add(rows(2, start=4)); rp.flush()
+    assert rp.priority[4] == rp.priority[5] == 7.0
+    assert rp.max_priority() == 7.0
+
+
+def test_importance_weights_match_hand_computation():
+    alpha, eps, beta = 0.6, 0.01, 0.5
+    rp = make(capacity=8, alpha=alpha, eps=eps)
+    rp.add(rows(5)); rp.flush()
+    p = np.array([0.5, 1.0, 2.0, 4.0, 0.1])
+    rp.update_priorities(np.arange(5), np.ones(5, np.int64), p)
+    rp.beta = beta
+    # P(i) = (p_i + eps)^alpha / sum; w_i = (N P(i))^-beta / max_j (N P(j))^-beta
+    scaled = (p + eps) ** alpha
+    P = scaled / scaled.sum()
+    w = (5 * P) ** -beta
+    expected = w / w.max()
+    batch, idx, _ = rp.sample(2000)
+    np.testing.assert_allclose(batch["weights"], expected[idx], rtol=1e-4)
+    # Sampling frequencies follow P.
+    freq = np.bincount(idx, minlength=5) / len(idx)
+    np.testing.assert_allclose(freq, P, atol=0.03)
+
+
+def test_uniform_mode_is_alpha_zero():
+    rp = make(capacity=8, alpha=0.0)
+    rp.add(rows(8)); rp.flush()
+    rp.update_priorities(np.arange(8), np.ones(8, np.int64), np.array([100.0, 1, 1, 1, 1, 1, 1, 0.01]))
+    rp.beta = 0.7
+    batch, idx, _ = rp.sample(4000)
+    np.testing.assert_array_equal(batch["weights"], np.ones(4000, np.float32))
+    np.testing.assert_allclose(np.bincount(idx, minlength=8) / 4000, np.full(8, 1 / 8), atol=0.03)
+
+
+def test_stale_priorities_never_land_on_overwritten_slots():
+    rp = make(capacity=4, alpha=1.0, eps=0.0)
+    rp.add(rows(4)); rp.flush()
+    _, idx, stamps = rp.sample(64)
+    assert set(idx.tolist()) == {0, 1, 2, 3}
+    # Slots 0 and 1 are overwritten by new transitions after the sample was drawn.
+    rp.add(rows(2, start=10)); rp.flush()
+    new_max = rp.max_priority()
+    kept = rp.update_priorities(idx, stamps, np.full(len(idx), 50.0))
+    assert kept == int(np.isin(idx, [2, 3]).sum())
+    assert rp.priority[0] == rp.priority[1] == new_max  # the new rows keep their insert priority
+    assert rp.priority[2] == rp.priority[3] == 50.0
+
+
+def test_beta_schedule_linear_to_one():
+    assert dqn.linear_schedule(0.4, 1.0, 1000, 0) == pytest.approx(0.4)
+    assert dqn.linear_schedule(0.4, 1.0, 1000, 500) == pytest.approx(0.7)
+    assert dqn.linear_schedule(0.4, 1.0, 1000, 1000) == pytest.approx(1.0)
+    assert dqn.linear_schedule(0.4, 1.0, 1000, 5000) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stored,next_index", [(5, 5), (8, 3), (8, 0)])
+def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(stored, next_index):
+    rp = make(capacity=8, alpha=1.0, eps=0.0)
+    rp.add(rows(stored + (next_index if stored == 8 else 0))); rp.flush()
+    assert rp.buffer.get_next_index() == next_index
+    rp.update_priorities(np.arange(stored), rp.write_count[:stored].copy(), np.arange(1, stored + 1) * 1.5)
+    rp.update_priorities(np.array([0]), rp.write_count[:1].copy(), np.array([99.0]))
+    rp.update_priorities(np.array([0]), rp.write_count[:1].copy(), np.array([1.5]))  # max stays 99
+    state = rp.state_dict()
+
+    other = make(capacity=8, alpha=1.0, eps=0.0)
+    other.load_state_dict(state)
+    assert other.size() == stored
+    assert other.buffer.get_next_index() == next_index
+    assert other.max_priority() == 99.0
+    np.testing.assert_array_equal(other.priority[:stored], rp.priority[:stored])
+    a, b = rp.buffer.get_all_transitions(), other.buffer.get_all_transitions()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    # Sampling distributions agree (same priorities in the same slots).
+    _, idx, _ = other.sample(4000)
+    expected = rp.priority[:stored] / rp.priority[:stored].sum()
+    np.testing.assert_allclose(np.bincount(idx, minlength=stored) / 4000, expected, atol=0.03)
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+def test_prefetcher_delivers_every_item_in_order_and_stops_cleanly():
+    produced = iter(range(100))
+    lock = threading.Lock()
+
+    def produce():
+        with lock:
+            return next(produced)
+
+    pf = dqn.Prefetcher(produce, size=3)
+    got = [pf.get() for _ in range(50)]
+    assert got == list(range(50))
+    t0 = time.perf_counter()
+    pf.close()
+    assert time.perf_counter() - t0 < 2.0
+    assert not pf._thread.is_alive()
+
+
+def test_prefetcher_reraises_producer_errors():
+    calls = []
+
+    def produce():
+        calls.append(1)
+        if len(calls) > 2:
+            raise ValueError("boom")
+        return len(calls)
+
+    pf = dqn.Prefetcher(produce, size=1)
+    assert pf.get() == 1 and pf.get() == 2
+    with pytest.raises(RuntimeError, match="boom"):
+        pf.get()
+    pf.close()
+
+
+def test_priority_writer_applies_updates_and_reports_errors():
+    rp = make(capacity=8, alpha=1.0, eps=0.0)
+    rp.add(rows(8)); rp.flush()
+    _, idx, stamps = rp.sample(16)
+    w = dqn.PriorityWriter(rp)
+    td = -np.arange(16, dtype=np.float32).reshape(2, 8)  # priorities are |TD|
+    w.submit(idx, stamps, td)
+    w.flush()
+    last = {}
+    for i, p in zip(idx, np.abs(td).reshape(-1)):
+        last[int(i)] = p
+    for i, p in last.items():
+        assert rp.priority[i] == p
+    w.submit(idx[:3], stamps[:2], np.ones(3))  # mismatched lengths: fails in the thread
+    with pytest.raises(RuntimeError, match="priority writer failed"):
+        w.flush()
+    w.close()

@@ -1,0 +1,172 @@
+"""Whole-script behaviour: checkpoints and resume, signals, eval-only, bad input, imports."""
+
+import csv
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import ROOT, load_script
+
+dqn = load_script("dqn_prioritized")
+SCRIPT = os.path.join(ROOT, "algos", "dqn_prioritized.py")
+
+# Small and fast: a few thousand steps of CartPole.
+FAST = ["--hidden-sizes", "32", "32", "--learning-starts", "200", "--batch-size", "32",
+        "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
+        "--eval-every", "1000", "--log-every", "500"]
+
+
+def run_cli(argv):
+    return dqn.cli(argv)
+
+
+def read_eval(run_dir):
+    with open(os.path.join(run_dir, "eval.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_import_has_no_side_effects():
+    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
+            "before = set(os.listdir('.')); m = load_script('dqn_prioritized'); "
+            "import jax; from jax._src import xla_bridge; assert not xla_bridge._backends, 'jax initialised'; "
+            "assert jax.config.read('jax_cpu_enable_async_dispatch'), 'config changed'; "
+            "assert set(os.listdir('.')) == before; print('clean')") % os.path.join(ROOT, "tests")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "clean" in out.stdout
+
+
+def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
+    run_dir = str(tmp_path / "run")
+    assert run_cli(FAST + ["--total-timesteps", "2000", "--checkpoint-every", "1000", "--run-dir", run_dir]) == 0
+    payload = dqn.load_payload(run_dir)
+    assert payload["global_step"] == 2000
+    first_sgd = int(payload["train_state"][-1])
+    assert first_sgd == (2000 - 200) // 2 // 4 * 4  # replay ratio kept, in whole calls of 4
+    stored = len(payload["replay"]["priority"])
+    assert stored > 1900  # n-step keeps at most n-1 per env pending
+    assert os.path.isfile(os.path.join(run_dir, "model.pkl"))
+
+    # Restoring the saved train state into a fresh template gives back the same arrays.
+    args = dqn.Args(hidden_sizes=(32, 32))
+    net = dqn.QNetwork(2, args.hidden_sizes)
+    template = dqn.init_train_state(net, dqn.make_optimizer(args, 10), (4,), dqn.jax.random.PRNGKey(9))
+    restored = dqn.restore_tree(template, payload["train_state"], "train state")
+    for a, b in zip(dqn.host_leaves(restored), payload["train_state"]):
+        np.testing.assert_array_equal(a, b)
+
+    # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000.
+    assert run_cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
+    payload2 = dqn.load_payload(run_dir)
+    assert payload2["global_step"] == 3000
+    assert int(payload2["train_state"][-1]) == (3000 - 200) // 2 // 4 * 4
+    assert payload2["episodes"] > payload["episodes"]
+    steps = [int(r["step"]) for r in read_eval(run_dir)]
+    assert steps == sorted(steps) and steps[-1] == 3000 and 2000 in steps
+    with open(os.path.join(run_dir, "args.json")) as f:
+        assert '"total_timesteps": 3000' in f.read()
+
+
+def test_eval_only_loads_model(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    assert run_cli(FAST + ["--total-timesteps", "600", "--run-dir", run_dir]) == 0
+    capsys.readouterr()
+    assert run_cli(["--eval-only", "--load", os.path.join(run_dir, "model.pkl"), "--eval-episodes", "3"]) == 0
+    assert "over 3 episodes" in capsys.readouterr().out
+
+
+def test_interrupted_checkpoint_write_keeps_previous_file(tmp_path):
+    path = str(tmp_path / "checkpoint.pkl")
+    dqn.save_pickle_atomic(path, {"format": dqn.CHECKPOINT_FORMAT, "value": 1})
+
+    class Explodes:
+        def __reduce__(self):
+            raise KeyboardInterrupt  # as if killed half-way through pickling
+
+    with pytest.raises(KeyboardInterrupt):
+        dqn.save_pickle_atomic(path, {"format": dqn.CHECKPOINT_FORMAT, "big": np.zeros(10_000), "x": Explodes()})
+    assert dqn.load_payload(path)["value"] == 1
+
+
+def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, SCRIPT] + FAST + ["--total-timesteps", "1000000",
+                            "--checkpoint-every", "0", "--run-dir", run_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.exists(os.path.join(run_dir, "eval.csv")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "--resume" in out
+    payload = dqn.load_payload(run_dir)
+    stopped = payload["global_step"]
+    assert 1000 <= stopped < 1_000_000
+    assert run_cli(["--resume", run_dir, "--total-timesteps", str(stopped + 500)]) == 0
+    assert dqn.load_payload(run_dir)["global_step"] == stopped + 500
+
+
+# --- bad input: one clear line, non-zero exit, no traceback ------------------------------------
+
+class ImageEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+gym.register("TestImageObs-v0", entry_point=ImageEnv)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--env-id", "Pendulum-v1"], "Discrete actions"),
+    (["--env-id", "NoSuchEnv-v9"], "cannot make env"),
+    (["--env-id", "TestImageObs-v0"], "image observations"),
+    (["--batch-size", "512", "--buffer-size", "256"], "larger than --buffer-size"),
+    (["--buffer-size", "0"], "--buffer-size must be positive"),
+    (["--num-envs", "-1"], "--num-envs must be positive"),
+    (["--gamma", "1.5"], "--gamma must be in"),
+    (["--resume", "/nonexistent/run"], "no args.json"),
+    (["--eval-only", "--load", "/nonexistent/model.pkl"], "no such file"),
+    (["--eval-only"], "needs --load"),
+])
+def test_bad_input_is_one_clear_line(argv, message, capsys):
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_foreign_files_are_rejected(tmp_path, capsys):
+    foreign = tmp_path / "foreign.pkl"
+    with open(foreign, "wb") as f:
+        pickle.dump({"format": "something-else"}, f)
+    garbage = tmp_path / "garbage.pkl"
+    garbage.write_bytes(b"not a pickle")
+    run = tmp_path / "other_run"
+    run.mkdir()
+    (run / "args.json").write_text('{"script": "sac", "args": {}}')
+    for argv, message in ((["--eval-only", "--load", str(foreign)], "not written by"),
+                          (["--eval-only", "--load", str(garbage)], "not a readable checkpoint"),
+                          (["--resume", str(run)], "not made by")):
+        assert run_cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_input_from_the_command_line_has_no_traceback():
+    out = subprocess.run([sys.executable, SCRIPT, "--env-id", "MountainCarContinuous-v0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and "Discrete actions" in out.stderr
