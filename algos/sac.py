@@ -1,0 +1,1070 @@
+"""Soft actor-critic with prioritized experience replay, in one file.
+
+What it implements
+  * Soft actor-critic with twin critics, a tanh-squashed Gaussian actor and a learned
+    temperature (Haarnoja, Zhou, Hartikainen, Tucker, Ha, Tan, Kumar, Zhu, Gupta, Abbeel & Levine
+    2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905), with the delayed
+    actor and target updates of CleanRL's sac_continuous_action.py so its settings reproduce.
+  * Proportional prioritized experience replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb,
+    with importance-sampling-weighted critic loss, and optional n-step returns.
+  * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
+    and puts batches on the device, K SGD steps run fused in one jitted `lax.scan`, and
+    priorities are written back from another thread.
+
+Update equations (batch of B transitions i spanning k_i <= n steps; actions live in [-1, 1]^|A|)
+  u ~ N(mu_phi(s), sigma_phi(s)),  a = tanh(u)
+  log pi(a|s) = log N(u; mu, sigma) - sum_j log(1 - tanh(u_j)^2)
+              = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))   (stable form)
+  y_i      = G_i + d_i * (min_{m=1,2} Q_target_m(s'_i, a'_i) - alpha * log pi(a'_i|s'_i)),
+             a'_i ~ pi(.|s'_i),  G_i = n-step return,  d_i = gamma^{k_i} (1 - terminated_i)
+  L_Q      = (1/B) sum_i w_i * sum_m huber(Q_m(s_i, a_i) - y_i)       (w_i: PER IS weights)
+  L_pi     = (1/B) sum_i [alpha * log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
+  L_alpha  = (1/B) sum_i -alpha * (log pi(a~_i|s_i) + H_target),  H_target = -scale * |A|
+  p_i      = mean_m |Q_m(s_i, a_i) - y_i| + eps      (the priority written back)
+  Q_target <- tau * Q + (1 - tau) * Q_target every --target-network-frequency SGD steps;
+  every --policy-frequency SGD steps the actor and alpha take --policy-frequency steps, so they
+  get as many updates as the critics, only later (CleanRL's schedule).
+  PER: P(i) = p_i^alpha_per / sum_j p_j^alpha_per, w_i = (N P(i))^-beta / max_j (N P(j))^-beta
+  (cpprb normalises by the largest weight over the whole buffer), beta annealed to 1.
+
+Design choices
+  * The log-probability is that of the action in [-1, 1]; the env's bounds are applied after,
+    as an affine map. The temperature's target entropy -|A| therefore means the same thing for
+    every env, whatever its units.
+  * The priority is the mean of the two critics' |TD|: both critics are fitted on the sample,
+    so the mean is the error the sample still has to correct; the max would follow whichever
+    critic is momentarily worse and make priorities noisier.
+  * The actor and temperature losses are plain means. The IS weights exist to keep the critic's
+    fixed point (an expectation under the replay distribution) unbiased. The actor step is a
+    policy improvement step: any state distribution with full support improves the policy, so
+    sampling high-TD states more often biases nothing there, and weighting by w <= 1 would only
+    shrink its step size.
+
+Run
+  python algos/sac.py                                       # Pendulum-v1, 20k steps
+  python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
+  python algos/sac.py --resume runs/<run>                   # continue an interrupted run
+  python algos/sac.py --eval-only --load runs/<run>/model.pkl
+  python algos/sac.py --help                                # every flag
+
+Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
+  args.json, eval.csv (step, mean, std, episodes), tensorboard events with the tags
+  charts/episodic_return, charts/episodic_length, charts/SPS, losses/qf_loss, losses/qf_values,
+  losses/actor_loss, losses/alpha, losses/alpha_loss, losses/entropy, eval/episodic_return(_std),
+  replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
+  checkpoint.pkl (latest, written atomically) and model.pkl (final actor).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Read by jax when it initialises its backend, so it must be set before `import jax`: without it
+# a GPU run would grab 75% of the device memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import csv
+import dataclasses
+import json
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import cpprb
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+
+SCRIPT = "sac"
+CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the clip of the SAC authors' code (softlearning)
+
+
+@dataclass
+class Args:
+    env_id: str = "Pendulum-v1"
+    """gymnasium id of an environment with a bounded Box action space"""
+    seed: int = 1
+    """seed of the training envs, the eval env, the networks and the exploration"""
+    total_timesteps: int = 20_000
+    """environment steps, summed over all envs"""
+    num_envs: int = 1
+    """parallel environments (gymnasium's synchronous vector env)"""
+    hidden_sizes: Tuple[int, ...] = (256, 256)
+    """widths of the hidden layers of the actor and of each critic"""
+    policy_lr: float = 3e-4
+    """Adam learning rate of the actor and of log alpha"""
+    q_lr: float = 1e-3
+    """Adam learning rate of the critics"""
+    buffer_size: int = 1_000_000
+    """replay capacity, in transitions"""
+    batch_size: int = 256
+    """transitions per SGD step"""
+    gamma: float = 0.99
+    """discount factor"""
+    n_step: int = 1
+    """steps per return (the entropy bonus is taken at the bootstrap state only)"""
+    tau: float = 0.005
+    """Polyak rate of the target critics"""
+    target_network_frequency: int = 1
+    """SGD steps between target-critic updates"""
+    policy_frequency: int = 2
+    """SGD steps between actor/alpha updates (each time that many of them, as CleanRL does)"""
+    huber_delta: float = 1e6
+    """Huber threshold of the critic loss; the default is so large that it is the squared error"""
+    alpha: float = 0.2
+    """entropy temperature when --no-autotune"""
+    autotune: bool = True
+    """learn the temperature to reach the target entropy"""
+    target_entropy_scale: float = 1.0
+    """target entropy = -scale * |A|"""
+    learning_starts: int = 1_000
+    """environment steps of uniformly random actions before learning starts"""
+    train_frequency: int = 1
+    """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
+    prioritized: bool = False
+    """prioritized replay; --no-prioritized samples uniformly through the same code (alpha = 0)"""
+    per_alpha: float = 0.6
+    """priority exponent alpha (0 is uniform)"""
+    per_beta0: float = 0.4
+    """initial importance-sampling exponent beta, annealed linearly to 1"""
+    per_eps: float = 1e-6
+    """added to |TD| so that no transition has zero probability"""
+    updates_per_call: int = 8
+    """SGD steps fused in one jitted call (lax.scan)"""
+    prefetch_size: int = 2
+    """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    eval_every: int = 5_000
+    """environment steps between evaluations"""
+    eval_episodes: int = 10
+    """episodes per evaluation (run in parallel, deterministic actions)"""
+    checkpoint_every: int = 50_000
+    """environment steps between checkpoints (0 disables periodic checkpoints)"""
+    checkpoint_replay: bool = True
+    """include the replay buffer and its priorities in checkpoints"""
+    log_every: int = 1_000
+    """environment steps between tensorboard scalars; the console line is every 10 of these"""
+    run_dir: Optional[str] = None
+    """output folder; default runs/<env_id>__sac__<seed>__<unix_time>"""
+    resume: Optional[str] = None
+    """run folder to continue from its checkpoint.pkl (its args.json is reused; flags given
+    here that differ from their defaults override it)"""
+    eval_only: bool = False
+    """evaluate the actor in --load and exit"""
+    load: Optional[str] = None
+    """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line, without a traceback."""
+
+
+def check_args(args: Args) -> None:
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
+                "target_network_frequency", "policy_frequency", "train_frequency",
+                "updates_per_call", "prefetch_size", "eval_every", "eval_episodes", "log_every",
+                "policy_lr", "q_lr", "huber_delta", "per_eps", "alpha")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        raise ConfigError(f"--hidden-sizes must be positive widths, got {args.hidden_sizes}")
+    if args.batch_size > args.buffer_size:
+        raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts < args.batch_size:
+        raise ConfigError(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
+    for name in ("gamma", "tau"):
+        if not 0.0 < getattr(args, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(args, name)}")
+    if not 0.0 <= args.per_beta0 <= 1.0:
+        raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
+    if args.per_alpha < 0 or args.checkpoint_every < 0:
+        raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
+    if args.eval_only and not args.load:
+        raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env in SAME_STEP autoreset mode, checked for what SAC can handle.
+
+    SAME_STEP: the step that ends an episode returns the first observation of the next one and
+    puts the real last observation in info["final_obs"]. The default (NEXT_STEP) would instead
+    spend one extra step per episode on a reset whose transition must be thrown away.
+    """
+    try:
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    except gym.error.Error as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
+    except ImportError as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {e} (pip install -r requirements.txt)") from None
+    action_space = envs.single_action_space
+    problem = None
+    if not isinstance(action_space, gym.spaces.Box):
+        problem = (f"{env_id} has a {type(action_space).__name__} action space; SAC needs a Box "
+                   "action space (use algos/dqn_prioritized.py for discrete actions)")
+    elif not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+        problem = f"{env_id} has unbounded actions {action_space}; SAC's tanh policy needs finite bounds"
+    elif not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
+        problem = (f"{env_id} has observations {envs.single_observation_space}; this script takes flat "
+                   "vector observations")
+    if problem:
+        envs.close()
+        raise ConfigError(problem)
+    return envs
+
+
+def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
+    """Reset with seeds seed, seed+1, ... (one per sub-env) and seed the action space."""
+    envs.action_space.seed(seed)
+    obs, _ = envs.reset(seed=seed)
+    return obs
+
+
+def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[-1, 1] -> [low, high], affine per dimension; clipped against float rounding."""
+    return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
+
+
+def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[low, high] -> [-1, 1], the inverse of to_env_action."""
+    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------
+
+class Actor(nn.Module):
+    """s -> (mean, log_std) of the Gaussian that tanh squashes into [-1, 1]^|A|."""
+    action_dim: int
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array):
+        x = obs.astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
+        return mean, log_std
+
+
+class Critic(nn.Module):
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(1)(x)[..., 0]
+
+
+class TwinCritic(nn.Module):
+    """Two independent critics evaluated as one vmapped network: output [2, batch]."""
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        twins = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=None, out_axes=0, axis_size=2)
+        return twins(self.hidden_sizes)(obs, action)
+
+
+def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
+    """a = tanh(u), u ~ N(mean, std); returns (a, log pi(a)) with the numerically stable
+    change-of-variables term log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))."""
+    std = jnp.exp(log_std)
+    u = mean + std * jax.random.normal(key, mean.shape)
+    log_normal = -0.5 * (((u - mean) / std) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
+    log_det = 2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+    return jnp.tanh(u), jnp.sum(log_normal - log_det, axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: n-step assembly and the prioritized buffer
+# ---------------------------------------------------------------------------------------------
+
+class NStepAssembler:
+    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
+
+    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
+      * nothing while fewer than n steps are pending and the episode goes on;
+      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
+        step and discount gamma^n, once n are pending;
+      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
+        the real final observation, and discount gamma^k if the episode was truncated (the state
+        was not terminal, so the return still bootstraps) or 0 if it terminated.
+    """
+
+    def __init__(self, n: int, gamma: float, num_envs: int, obs_dim: int, action_dim: int):
+        self.n = n
+        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
+        self.obs = np.zeros((n, num_envs, obs_dim), np.float32)
+        self.action = np.zeros((n, num_envs, action_dim), np.float32)
+        self.reward = np.zeros((n, num_envs), np.float32)
+        self.pending = np.zeros(num_envs, np.int64)
+        self.all_full = False  # every env has n pending steps: the common case, kept cheap
+        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
+        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
+        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
+        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
+
+    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
+        """Transitions of `envs` that started `ages` steps before the latest step."""
+        first = self.t - 1 - ages
+        k = ages + 1  # rewards in each transition
+        offsets = np.arange(self.n)
+        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
+        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
+                "reward": ret.astype(np.float32), "next_obs": next_obs,
+                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
+
+    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
+        """Add one vector step; next_obs must hold the real final observation where done.
+
+        The arrays returned may be views of the ring: copy them before the next push.
+        """
+        slot = self.t % self.n
+        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
+        self.t += 1
+        done = terminated | truncated
+        if self.all_full and not done.any():
+            # Every env emits its oldest step: no per-env indexing (this runs every step).
+            oldest = self.t % self.n
+            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
+            return {"obs": self.obs[oldest], "action": self.action[oldest],
+                    "reward": ret.astype(np.float32), "next_obs": next_obs,
+                    "discount": self.n_step_discount}
+        np.minimum(self.pending + 1, self.n, out=self.pending)
+        full = (self.pending == self.n) & ~done
+        parts = []
+        if full.any():
+            envs = np.flatnonzero(full)
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
+                                    np.zeros(envs.size)))
+        if done.any():
+            ended = np.flatnonzero(done)
+            envs = np.repeat(ended, self.pending[ended])
+            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
+            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
+            self.pending[ended] = 0
+        self.all_full = bool((self.pending == self.n).all())
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+class PrioritizedReplay:
+    """cpprb's PrioritizedReplayBuffer, made safe for the three threads that touch it.
+
+    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
+      (writer thread); cpprb itself is not thread-safe.
+    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
+      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
+    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
+      counts it saw; its priorities are written back only where the count has not moved, so a
+      |TD| computed for an old transition never lands on the new one that replaced it.
+    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
+      back, so a checkpoint can save and restore them.
+    """
+
+    STAGE_ROWS = 128
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float):
+        self.capacity = capacity
+        spec = {"obs": {"shape": obs_dim, "dtype": np.float32},
+                "next_obs": {"shape": obs_dim, "dtype": np.float32},
+                "action": {"shape": action_dim, "dtype": np.float32}, "reward": {"dtype": np.float32},
+                "discount": {"dtype": np.float32}}
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+        self.lock = threading.Lock()
+        self.write_count = np.zeros(capacity, np.int64)
+        self.priority = np.zeros(capacity, np.float64)
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + np.shape(np.zeros(v.get("shape", ()))),
+                                  v["dtype"]) for k, v in spec.items()}
+        self.staged = 0
+
+    def add(self, batch: Optional[dict]) -> None:
+        if batch is None:
+            return
+        rows = len(batch["action"])
+        start = 0
+        while start < rows:
+            take = min(rows - start, self.STAGE_ROWS - self.staged)
+            for key, column in self.stage.items():
+                column[self.staged:self.staged + take] = batch[key][start:start + take]
+            self.staged += take
+            start += take
+            if self.staged == self.STAGE_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand staged rows to cpprb at the current max priority (the paper's rule for new data)."""
+        if not self.staged:
+            return
+        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        with self.lock:
+            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
+            self.buffer.add(**rows)
+            np.add.at(self.write_count, slots, 1)
+            self.priority[slots] = self.buffer.get_max_priority()
+        self.staged = 0
+
+    def size(self) -> int:
+        with self.lock:
+            return self.buffer.get_stored_size()
+
+    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
+        with self.lock:
+            batch = self.buffer.sample(batch_size, beta=self.beta)
+            indexes = batch.pop("indexes").astype(np.int64)
+            stamps = self.write_count[indexes]
+        for key in ("reward", "discount", "weights"):
+            batch[key] = batch[key].reshape(-1).astype(np.float32)
+        return batch, indexes, stamps
+
+    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
+        """Write |TD| back where the slot still holds the sampled transition; returns rows kept."""
+        with self.lock:
+            fresh = self.write_count[indexes] == stamps
+            if fresh.any():
+                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
+                self.priority[indexes[fresh]] = priorities[fresh]
+        return int(fresh.sum())
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def state_dict(self) -> dict:
+        self.flush()
+        with self.lock:
+            stored = self.buffer.get_stored_size()
+            return {"transitions": self.buffer.get_all_transitions() if stored else {},
+                    "priority": self.priority[:stored].copy(), "next_index": self.buffer.get_next_index(),
+                    "max_priority": float(self.buffer.get_max_priority())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Rebuild cpprb slot by slot, so indexes, priorities and the insert position all match."""
+        with self.lock:
+            self.buffer.clear()
+            stored = len(state["priority"])
+            if stored:
+                data, prio = state["transitions"], state["priority"]
+                self.buffer.add(**data, priorities=prio)
+                if stored == self.capacity and state["next_index"]:
+                    # Full buffer: rewrite slots [0, next_index) with the same rows so that the
+                    # next insert overwrites the oldest transition, as it would have.
+                    k = state["next_index"]
+                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
+                # then put slot 0's own priority back.
+                self.buffer.update_priorities(np.array([0]), np.array([state["max_priority"]]))
+                self.buffer.update_priorities(np.array([0]), prio[:1])
+                self.priority[:stored] = prio
+            self.write_count[:] = 0
+        self.staged = 0
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefetch and priority write-back threads
+# ---------------------------------------------------------------------------------------------
+
+class Prefetcher:
+    """Samples ahead on a background thread and puts the batches on the device (as Acme does).
+
+    The learner then only waits when sampling is slower than learning; perf/learner_wait_fraction
+    measures that. An exception in the thread is re-raised by the next get().
+    """
+
+    def __init__(self, produce: Callable[[], Any], size: int):
+        self._produce = produce
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._produce()
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as e:  # handed to the consumer, who re-raises it
+            self._error = e
+            self._stop.set()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._error is not None:
+                    raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
+                if self._stop.is_set():
+                    raise RuntimeError("prefetcher is closed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PriorityWriter:
+    """Writes |TD| back into the replay on a background thread.
+
+    Reading the TD errors waits for the learner's computation, so doing it here keeps that wait
+    (and the lock) off the acting loop. flush() blocks until everything submitted is written.
+    """
+
+    def __init__(self, replay: PrioritizedReplay):
+        self._replay = replay
+        self._queue: queue.Queue = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                indexes, stamps, td = item
+                self._replay.update_priorities(indexes, stamps, np.abs(np.asarray(td, np.float64)).reshape(-1))
+            except BaseException as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def submit(self, indexes: np.ndarray, stamps: np.ndarray, td: jax.Array) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+        self._queue.put((indexes, stamps, td))
+
+    def flush(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class TrainState(NamedTuple):
+    actor_params: Any
+    critic_params: Any
+    target_critic_params: Any
+    log_alpha: jax.Array
+    actor_opt: Any
+    critic_opt: Any
+    alpha_opt: Any
+    sgd_steps: jax.Array
+
+
+class Nets(NamedTuple):
+    actor: Actor
+    critic: TwinCritic
+    actor_tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
+    alpha_tx: optax.GradientTransformation
+
+
+def make_nets(args: Args, action_dim: int) -> Nets:
+    return Nets(Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes),
+                optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.policy_lr))
+
+
+def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
+    k_actor, k_critic = jax.random.split(key)
+    obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
+    actor_params = nets.actor.init(k_actor, obs)
+    critic_params = nets.critic.init(k_critic, obs, action)
+    log_alpha = jnp.asarray(np.log(args.alpha), jnp.float32)
+    return TrainState(actor_params, critic_params, jax.tree_util.tree_map(jnp.copy, critic_params),
+                      log_alpha, nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params),
+                      nets.alpha_tx.init(log_alpha), jnp.zeros((), jnp.int32))
+
+
+def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
+    """IS-weighted Huber loss of both critics against the clipped double-Q soft target.
+
+    Returns (loss, (td[2, B], mean Q)).
+    """
+    mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
+    next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
+    next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
+    alpha = jnp.exp(state.log_alpha)
+    target = batch["reward"] + batch["discount"] * (next_q - alpha * next_log_prob)
+    q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
+    td = q - jax.lax.stop_gradient(target)
+    abs_td = jnp.abs(td)
+    quadratic = jnp.minimum(abs_td, huber_delta)
+    huber = 0.5 * quadratic ** 2 + huber_delta * (abs_td - quadratic)
+    return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
+
+
+def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
+    """L_pi + L_alpha, plain means (see the docstring); aux = (L_pi, L_alpha, entropy estimate).
+
+    The stop_gradients make the sum separate: d/d(actor) sees only L_pi (alpha held fixed) and
+    d/d(log alpha) sees only L_alpha (log pi held fixed), so one backward pass serves both.
+    """
+    mean, log_std = nets.actor.apply(actor_params, obs)
+    action, log_prob = sample_tanh_gaussian(mean, log_std, key)
+    q = nets.critic.apply(critic_params, obs, action).min(axis=0)
+    alpha = jnp.exp(log_alpha)
+    actor_loss = jnp.mean(jax.lax.stop_gradient(alpha) * log_prob - q)
+    alpha_loss = jnp.mean(-alpha * (jax.lax.stop_gradient(log_prob) + target_entropy))
+    return actor_loss + alpha_loss, (actor_loss, alpha_loss, -jnp.mean(log_prob))
+
+
+def make_update(nets: Nets, args: Args, action_dim: int):
+    """jit(state, batches[K, B, ...], key) -> (state, metrics, td[K, 2, B]): K SGD steps fused."""
+    target_entropy = -args.target_entropy_scale * action_dim
+
+    def actor_step(carry, key):
+        state, obs = carry
+        grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
+        (actor_grads, alpha_grad), (actor_l, alpha_l, entropy) = grad_fn(
+            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
+        updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
+        state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates),
+                               actor_opt=actor_opt)
+        if args.autotune:
+            updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
+            state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates),
+                                   alpha_opt=alpha_opt)
+        return (state, obs), (actor_l, alpha_l, entropy)
+
+    def sgd_step(state: TrainState, inputs):
+        batch, key = inputs
+        critic_key, actor_key = jax.random.split(key)
+        grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
+        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key,
+                                                args.huber_delta)
+        updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
+        critic_params = optax.apply_updates(state.critic_params, updates)
+        sgd_steps = state.sgd_steps + 1
+        target = optax.periodic_update(
+            optax.incremental_update(critic_params, state.target_critic_params, args.tau),
+            state.target_critic_params, sgd_steps, args.target_network_frequency)
+        state = state._replace(critic_params=critic_params, critic_opt=critic_opt,
+                               target_critic_params=target, sgd_steps=sgd_steps)
+
+        def delayed_actor_updates(state):
+            keys = jax.random.split(actor_key, args.policy_frequency)
+            (state, _), (actor_l, alpha_l, entropy) = jax.lax.scan(actor_step, (state, batch["obs"]), keys)
+            return state, (actor_l.mean(), alpha_l.mean(), entropy.mean())
+
+        def skip(state):
+            return state, (jnp.nan, jnp.nan, jnp.nan)
+
+        state, (actor_l, alpha_l, entropy) = jax.lax.cond(
+            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state)
+        return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
+
+    def update(state: TrainState, batches: dict, key):
+        keys = jax.random.split(jax.random.fold_in(key, state.sgd_steps), batches["reward"].shape[0])
+        state, (q_loss, q_mean, actor_l, alpha_l, entropy, td) = jax.lax.scan(sgd_step, state, (batches, keys))
+        metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean(),
+                   "losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l),
+                   "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
+        return state, metrics, td
+
+    return jax.jit(update, donate_argnums=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting
+# ---------------------------------------------------------------------------------------------
+
+def make_act(actor: Actor):
+    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1].
+
+    Stochastic: a sample of the tanh-Gaussian, keyed by fold_in(key, step) so that no key has to
+    be carried out of the call. Deterministic (evaluation): tanh of the mean.
+    """
+
+    def act(params, obs, key, step, deterministic: bool):
+        mean, log_std = actor.apply(params, obs)
+        if deterministic:
+            return jnp.tanh(mean)
+        return sample_tanh_gaussian(mean, log_std, jax.random.fold_in(key, step))[0]
+
+    return jax.jit(act, static_argnames="deterministic")
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+def evaluate(act, params, env_id: str, episodes: int, seed: int) -> np.ndarray:
+    """Returns of `episodes` deterministic episodes, run as parallel envs (each contributes its
+    first episode). The same seeds every time, so successive evaluations differ only by policy."""
+    envs = make_env(env_id, episodes)
+    try:
+        low, high = envs.single_action_space.low, envs.single_action_space.high
+        obs = seed_envs(envs, seed)
+        key = jax.random.PRNGKey(seed)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        while running.any():
+            action = np.asarray(act(params, obs, key, np.int32(0), deterministic=True))
+            obs, reward, terminated, truncated, _ = envs.step(to_env_action(action, low, high))
+            returns += reward * running
+            running &= ~(terminated | truncated)
+        return returns
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and logging
+# ---------------------------------------------------------------------------------------------
+
+def save_pickle_atomic(path: str, payload: dict) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash leaves the old file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_payload(path: str) -> dict:
+    """A checkpoint.pkl or model.pkl written by this script, or a one-line ConfigError."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pkl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no such file: {path}")
+    try:
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+    except Exception as e:
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} was not written by {SCRIPT}.py")
+    return payload
+
+
+def restore_tree(template, leaves: list, what: str):
+    """Put saved leaves into the structure of `template`, checking they fit."""
+    flat, treedef = jax.tree_util.tree_flatten(template)
+    if len(flat) != len(leaves) or any(np.shape(a) != np.shape(b) for a, b in zip(flat, leaves)):
+        raise ConfigError(f"the saved {what} does not match this network (different --hidden-sizes "
+                          "or env?)")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+
+
+def host_leaves(tree) -> list:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+
+
+class Logger:
+    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
+
+    def __init__(self, run_dir: str):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(run_dir)
+        self._eval_csv = os.path.join(run_dir, "eval.csv")
+
+    def scalars(self, step: int, values: dict) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
+                                       for k, v in values.items()])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def eval(self, step: int, returns: np.ndarray) -> None:
+        self.scalars(step, {"eval/episodic_return": returns.mean(),
+                            "eval/episodic_return_std": returns.std()})
+        new = not os.path.exists(self._eval_csv)
+        with open(self._eval_csv, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "mean", "std", "episodes"])
+            writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def resolve_args(args: Args) -> Args:
+    """For --resume: the run's saved flags, overridden by those given here that differ from the
+    defaults (e.g. a larger --total-timesteps to extend the run)."""
+    path = os.path.join(args.resume, "args.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("script") != SCRIPT:
+        raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
+    defaults = Args()
+    merged = {}
+    for field in dataclasses.fields(Args):
+        given = getattr(args, field.name)
+        value = saved["args"].get(field.name, given)
+        if given != getattr(defaults, field.name):
+            value = given
+        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+    merged.update(resume=args.resume, run_dir=args.resume)
+    return Args(**merged)
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag that the loop checks between steps, so the last checkpoint is
+    taken from a consistent state; a second signal interrupts at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def env_dims(env_id: str) -> Tuple[int, int]:
+    envs = make_env(env_id, 1)
+    dims = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    envs.close()
+    return dims
+
+
+def run_eval_only(args: Args) -> np.ndarray:
+    payload = load_payload(args.load)
+    saved = Args(**{**payload["args"], "hidden_sizes": tuple(payload["args"]["hidden_sizes"])})
+    obs_dim, action_dim = env_dims(saved.env_id)
+    actor = Actor(action_dim, saved.hidden_sizes)
+    template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    params = restore_tree(template, payload["params"], "actor parameters")
+    returns = evaluate(make_act(actor), params, saved.env_id, args.eval_episodes, args.seed + 10_000)
+    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    return returns
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError."""
+    check_args(args)
+    # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
+    # per-step policy call that handoff costs more than the network.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if args.eval_only:
+        returns = run_eval_only(args)
+        return {"eval_mean": float(returns.mean())}
+    if args.resume:
+        args = resolve_args(args)
+        check_args(args)
+
+    envs = make_env(args.env_id, args.num_envs)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    nets = make_nets(args, action_dim)
+    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+    state = init_train_state(nets, args, obs_dim, action_dim, init_key)
+    alpha = args.per_alpha if args.prioritized else 0.0
+    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
+    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
+    act = make_act(nets.actor)
+    update = make_update(nets, args, action_dim)
+
+    global_step, episodes = 0, 0
+    if args.resume:
+        payload = load_payload(os.path.join(args.resume, "checkpoint.pkl"))
+        state = restore_tree(state, payload["train_state"], "train state")
+        key = jnp.asarray(payload["key"])
+        global_step, episodes = payload["global_step"], payload["episodes"]
+        if payload.get("replay") is not None:
+            replay.load_state_dict(payload["replay"])
+        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps)")
+    run_dir = args.run_dir or os.path.join(
+        "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
+    logger = Logger(run_dir)
+    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.pkl"), os.path.join(run_dir, "model.pkl")
+
+    def checkpoint():
+        writer.flush()
+        save_pickle_atomic(ckpt_path, {
+            "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
+            "params": host_leaves(state.actor_params), "train_state": host_leaves(state),
+            "key": np.asarray(key), "global_step": global_step, "episodes": episodes,
+            "replay": replay.state_dict() if args.checkpoint_replay else None})
+
+    def sample_batches():
+        batch, indexes, stamps = replay.sample(args.updates_per_call * args.batch_size)
+        batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
+        return jax.device_put(batch), indexes, stamps
+
+    # The envs restart on resume (their state is not checkpointed); the seed moves with the step
+    # so that a resumed run does not replay the episodes it began with.
+    obs = seed_envs(envs, args.seed + global_step)
+    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+    sgd_done = int(state.sgd_steps)
+    prefetcher: Optional[Prefetcher] = None
+    writer = PriorityWriter(replay)
+    metrics: dict = {}
+    window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
+    next_eval = (global_step // args.eval_every + 1) * args.eval_every
+    next_ckpt = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_log = (global_step // args.log_every + 1) * args.log_every
+    last_eval = None
+    stop = StopRequest()
+    try:
+        with stop:
+            while global_step < args.total_timesteps and stop.signum is None:
+                if global_step < args.learning_starts:
+                    action = from_env_action(envs.action_space.sample(), low, high)
+                else:
+                    action = np.asarray(act(state.actor_params, obs, key, np.int32(global_step),
+                                            deterministic=False))
+                next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
+                done = terminated | truncated
+                real_next_obs = next_obs
+                if done.any():  # SAME_STEP autoreset: next_obs already starts the next episode
+                    real_next_obs = next_obs.copy()
+                    for i in np.flatnonzero(done):
+                        real_next_obs[i] = info["final_obs"][i]
+                replay.add(nstep.push(obs, action, reward, real_next_obs, terminated, truncated))
+                obs = next_obs
+                global_step += args.num_envs
+                ep_return += reward
+                ep_length += 1
+                if done.any():
+                    for i in np.flatnonzero(done):
+                        episodes += 1
+                        logger.scalars(global_step, {"charts/episodic_return": ep_return[i],
+                                                     "charts/episodic_length": ep_length[i]})
+                    ep_return[done], ep_length[done] = 0.0, 0
+
+                # Replay ratio: one SGD step per train_frequency env steps after learning_starts,
+                # executed in groups of updates_per_call.
+                sgd_due = max(0, global_step - args.learning_starts) // args.train_frequency
+                while sgd_due - sgd_done >= args.updates_per_call:
+                    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
+                    replay.flush()
+                    if prefetcher is None:
+                        prefetcher = Prefetcher(sample_batches, args.prefetch_size)
+                    t0 = time.perf_counter()
+                    batches, indexes, stamps = prefetcher.get()
+                    t1 = time.perf_counter()
+                    state, metrics, td = update(state, batches, key)
+                    if args.prioritized:
+                        writer.submit(indexes, stamps, td)
+                    window["wait"] += t1 - t0
+                    window["learn"] += time.perf_counter() - t0
+                    sgd_done += args.updates_per_call
+
+                if global_step >= next_log:
+                    next_log += args.log_every
+                    now = time.perf_counter()
+                    elapsed = now - window["time"]
+                    scalars = {"charts/SPS": (global_step - window["step"]) / elapsed,
+                               "replay/beta": replay.beta, "replay/priority_max": replay.max_priority(),
+                               "perf/updates_per_second": (sgd_done - window["sgd"]) / elapsed}
+                    if window["learn"] > 0:
+                        scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
+                    scalars.update({k: float(v) for k, v in metrics.items()})
+                    logger.scalars(global_step, scalars)
+                    if global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps:
+                        print(f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  "
+                              f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
+                              f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
+                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}",
+                              flush=True)
+                    window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
+                if global_step >= next_eval:
+                    next_eval += args.eval_every
+                    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
+                    logger.eval(global_step, returns)
+                    last_eval = f"{returns.mean():.1f}"
+                if next_ckpt is not None and global_step >= next_ckpt:
+                    next_ckpt += args.checkpoint_every
+                    checkpoint()
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+        writer.flush()
+        writer.close()
+        envs.close()
+    checkpoint()
+    if stop.signum is not None:
+        logger.close()
+        print(f"stopped by signal {stop.signum} at step {global_step}; "
+              f"continue with --resume {run_dir}", flush=True)
+        return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
+
+    save_pickle_atomic(model_path, {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
+                                    "params": host_leaves(state.actor_params)})
+    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
+    logger.eval(global_step, returns)
+    logger.close()
+    print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
+          f"run dir {run_dir}", flush=True)
+    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
+            "sgd_steps": int(state.sgd_steps)}
+
+
+def cli(argv=None) -> int:
+    args = tyro.cli(Args, args=argv)
+    try:
+        result = main(args)
+    except ConfigError as e:
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        return 2
+    return 128 + result["signal"] if "signal" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
