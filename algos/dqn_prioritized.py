@@ -498,7 +498,7 @@ class Prefetcher:
 class PriorityWriter:
     """Writes |TD| back into the replay on a background thread.
 
-    Reading the TD errors waits for the learner's computation, so doing it here keeps that wait
+    Reading the priorities waits for the learner's computation, so doing it here keeps that wait
     (and the lock) off the acting loop. flush() blocks until everything submitted is written.
     """
 
@@ -515,17 +515,17 @@ class PriorityWriter:
             try:
                 if item is None:
                     return
-                indexes, stamps, td = item
-                self._replay.update_priorities(indexes, stamps, np.abs(np.asarray(td, np.float64)).reshape(-1))
+                indexes, stamps, priorities = item
+                self._replay.update_priorities(indexes, stamps, np.asarray(priorities, np.float64).reshape(-1))
             except BaseException as e:
                 self._error = e
             finally:
                 self._queue.task_done()
 
-    def submit(self, indexes: np.ndarray, stamps: np.ndarray, td: jax.Array) -> None:
+    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array) -> None:
         if self._error is not None:
             raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-        self._queue.put((indexes, stamps, td))
+        self._queue.put((indexes, stamps, priorities))
 
     def flush(self) -> None:
         self._queue.join()
@@ -569,7 +569,7 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
 
 
 def make_update(q_apply, optimizer, args: Args):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, td[K, B]): K SGD steps in one lax.scan."""
+    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one lax.scan."""
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -585,7 +585,7 @@ def make_update(q_apply, optimizer, args: Args):
 
     def update(state: TrainState, batches: dict):
         state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
-        return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, td
+        return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     return jax.jit(update, donate_argnums=0)
 
@@ -892,8 +892,9 @@ def main(args: Args) -> dict:
                     t0 = time.perf_counter()
                     batches, indexes, stamps = prefetcher.get()
                     t1 = time.perf_counter()
-                    state, metrics, td = update(state, batches)
-                    writer.submit(indexes, stamps, td)
+                    state, metrics, priorities = update(state, batches)
+                    if args.prioritized:  # with alpha = 0 the write would change nothing
+                        writer.submit(indexes, stamps, priorities)
                     window["wait"] += t1 - t0
                     window["learn"] += time.perf_counter() - t0
                     sgd_done += args.updates_per_call

@@ -540,7 +540,7 @@ class Prefetcher:
 class PriorityWriter:
     """Writes |TD| back into the replay on a background thread.
 
-    Reading the TD errors waits for the learner's computation, so doing it here keeps that wait
+    Reading the priorities waits for the learner's computation, so doing it here keeps that wait
     (and the lock) off the acting loop. flush() blocks until everything submitted is written.
     """
 
@@ -557,17 +557,17 @@ class PriorityWriter:
             try:
                 if item is None:
                     return
-                indexes, stamps, td = item
-                self._replay.update_priorities(indexes, stamps, np.abs(np.asarray(td, np.float64)).reshape(-1))
+                indexes, stamps, priorities = item
+                self._replay.update_priorities(indexes, stamps, np.asarray(priorities, np.float64).reshape(-1))
             except BaseException as e:
                 self._error = e
             finally:
                 self._queue.task_done()
 
-    def submit(self, indexes: np.ndarray, stamps: np.ndarray, td: jax.Array) -> None:
+    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array) -> None:
         if self._error is not None:
             raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-        self._queue.put((indexes, stamps, td))
+        self._queue.put((indexes, stamps, priorities))
 
     def flush(self) -> None:
         self._queue.join()
@@ -652,7 +652,10 @@ def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, ke
 
 
 def make_update(nets: Nets, args: Args, action_dim: int):
-    """jit(state, batches[K, B, ...], key) -> (state, metrics, td[K, 2, B]): K SGD steps fused."""
+    """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps fused.
+
+    The priority of a sample is the mean of the twin critics' |TD| (see the docstring).
+    """
     target_entropy = -args.target_entropy_scale * action_dim
 
     def actor_step(carry, key):
@@ -702,7 +705,7 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean(),
                    "losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l),
                    "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
-        return state, metrics, td
+        return state, metrics, jnp.abs(td).mean(axis=1)
 
     return jax.jit(update, donate_argnums=0)
 
@@ -999,9 +1002,9 @@ def main(args: Args) -> dict:
                     t0 = time.perf_counter()
                     batches, indexes, stamps = prefetcher.get()
                     t1 = time.perf_counter()
-                    state, metrics, td = update(state, batches, key)
-                    if args.prioritized:
-                        writer.submit(indexes, stamps, td)
+                    state, metrics, priorities = update(state, batches, key)
+                    if args.prioritized:  # with alpha = 0 the write would change nothing
+                        writer.submit(indexes, stamps, priorities)
                     window["wait"] += t1 - t0
                     window["learn"] += time.perf_counter() - t0
                     sgd_done += args.updates_per_call

@@ -160,7 +160,7 @@ def test_priority_writer_applies_updates_and_reports_errors():
     rp.add(rows(8)); rp.flush()
     _, idx, stamps = rp.sample(16)
     w = dqn.PriorityWriter(rp)
-    td = -np.arange(16, dtype=np.float32).reshape(2, 8)  # priorities are |TD|
+    td = np.arange(16, dtype=np.float32).reshape(2, 8)  # [K, B] as the learner returns them
     w.submit(idx, stamps, td)
     w.flush()
     last = {}
