@@ -72,6 +72,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import cpprb
 import flax.linen as nn
 import gymnasium as gym
+import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,6 +161,13 @@ class Args:
     """evaluate the parameters in --load and exit"""
     load: Optional[str] = None
     """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+    save_dataset: Optional[str] = None
+    """after training (or with --eval-only), write rollouts of the policy to this .hdf5 file in
+    D4RL's layout, for algos/bc_offline.py"""
+    dataset_episodes: int = 20
+    """episodes in the --save-dataset file"""
+    dataset_epsilon: float = 0.0
+    """epsilon of the policy that collects the dataset (0: expert data; larger: noisier data)"""
 
 
 class ConfigError(Exception):
@@ -182,7 +190,7 @@ def check_args(args: Args) -> None:
     for name in ("gamma", "tau", "exploration_fraction"):
         if not 0.0 < getattr(args, name) <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(args, name)}")
-    for name in ("start_e", "end_e", "eval_epsilon", "per_beta0"):
+    for name in ("start_e", "end_e", "eval_epsilon", "per_beta0", "dataset_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     for name in ("learning_rate", "max_grad_norm", "huber_delta", "per_eps"):
@@ -194,6 +202,8 @@ def check_args(args: Args) -> None:
         raise ConfigError("--checkpoint-every and --learning-starts must be >= 0")
     if args.clip_reward is not None and args.clip_reward <= 0:
         raise ConfigError(f"--clip-reward must be positive, got {args.clip_reward}")
+    if args.dataset_episodes <= 0:
+        raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
 
@@ -231,6 +241,17 @@ def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
     envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     return obs
+
+
+def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
+    """The observation each step really led to. In SAME_STEP mode a finished env's next_obs is
+    already the reset of its next episode; the last observation is in info["final_obs"]."""
+    if not done.any():
+        return next_obs
+    real = next_obs.copy()
+    for i in np.flatnonzero(done):
+        real[i] = info["final_obs"][i]
+    return real
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,17 +366,17 @@ class PrioritizedReplay:
 
     def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float):
         self.capacity = capacity
-        spec = {"obs": {"shape": obs_shape, "dtype": obs_dtype},
-                "next_obs": {"shape": obs_shape, "dtype": obs_dtype},
-                "action": {"dtype": np.int64}, "reward": {"dtype": np.float32},
-                "discount": {"dtype": np.float32}}
+        shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (),
+                  "discount": ()}
+        dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64, "reward": np.float32,
+                  "discount": np.float32}
+        spec = {k: {"shape": shapes[k] or 1, "dtype": dtypes[k]} for k in shapes}  # cpprb: 1, not ()
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)
         self.beta = 0.4  # set by the main loop; read by whoever samples
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + np.shape(np.zeros(v.get("shape", ()))),
-                                  v["dtype"]) for k, v in spec.items()}
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], dtypes[k]) for k in shapes}
         self.staged = 0
 
     def add(self, batch: Optional[dict]) -> None:
@@ -624,8 +645,10 @@ def make_act(q_apply, num_actions: int):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def evaluate(act, params, env_id: str, episodes: int, epsilon: float, seed: int) -> np.ndarray:
-    """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode).
+def rollout(act, params, env_id: str, episodes: int, epsilon: float, seed: int,
+            record: bool = False) -> Tuple[np.ndarray, Optional[dict]]:
+    """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode),
+    and with record=True their transitions in D4RL's flat layout, episode after episode.
 
     The same seeds every time, so successive evaluations differ only by the policy.
     """
@@ -635,16 +658,53 @@ def evaluate(act, params, env_id: str, episodes: int, epsilon: float, seed: int)
         key = jax.random.PRNGKey(seed)
         returns = np.zeros(episodes)
         running = np.ones(episodes, bool)
-        step = 0
+        steps = []
         while running.any():
-            actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(step)))
-            obs, reward, terminated, truncated, _ = envs.step(actions)
+            actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(len(steps))))
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            steps.append((running.copy(), obs, actions, reward,
+                          real_next_obs(next_obs, terminated | truncated, info) if record else None,
+                          terminated, truncated))
             returns += reward * running
             running &= ~(terminated | truncated)
-            step += 1
-        return returns
+            obs = next_obs
+        if not record:
+            return returns, None
+        columns = [np.stack(c) for c in zip(*steps)]  # each [T, episodes, ...]
+        live = columns[0]
+        names = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+        return returns, {name: np.concatenate([col[live[:, i], i] for i in range(episodes)])
+                         for name, col in zip(names, columns[1:])}
     finally:
         envs.close()
+
+
+def evaluate(act, params, env_id: str, episodes: int, epsilon: float, seed: int) -> np.ndarray:
+    return rollout(act, params, env_id, episodes, epsilon, seed)[0]
+
+
+def save_dataset(path: str, act, params, args: Args) -> dict:
+    """Rollouts of the policy (epsilon = --dataset-epsilon) in D4RL's HDF5 layout, with the
+    reference returns of the normalised score in metadata/: ref_min from the uniformly random
+    policy (epsilon = 1), ref_max from the greedy policy itself. Written atomically."""
+    seed = args.seed + 20_000
+    returns, data = rollout(act, params, args.env_id, args.dataset_episodes, args.dataset_epsilon, seed, record=True)
+    ref_min = float(evaluate(act, params, args.env_id, args.dataset_episodes, 1.0, seed).mean())
+    ref_max = float(evaluate(act, params, args.env_id, args.dataset_episodes, 0.0, seed).mean())
+    metadata = {"env_id": args.env_id, "algorithm": f"{SCRIPT}.py", "dataset_epsilon": args.dataset_epsilon,
+                "episodes": args.dataset_episodes, "seed": seed, "ref_min_score": ref_min,
+                "ref_max_score": ref_max, "mean_return": float(returns.mean())}
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        for name, values in data.items():
+            f.create_dataset(name, data=values, compression="gzip")
+        group = f.create_group("metadata")
+        for name, value in metadata.items():
+            group.attrs[name] = value
+    os.replace(tmp, path)
+    print(f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
+          f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}", flush=True)
+    return metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -781,6 +841,8 @@ def run_eval_only(args: Args) -> np.ndarray:
     act = make_act(network.apply, num_actions)
     returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
     print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
     return returns
 
 
@@ -864,12 +926,8 @@ def main(args: Args) -> dict:
                 actions = np.asarray(act(state.params, obs, np.float32(epsilon), key, np.int32(global_step)))
                 next_obs, reward, terminated, truncated, info = envs.step(actions)
                 done = terminated | truncated
-                real_next_obs = next_obs
-                if done.any():  # SAME_STEP autoreset: next_obs already starts the next episode
-                    real_next_obs = next_obs.copy()
-                    for i in np.flatnonzero(done):
-                        real_next_obs[i] = info["final_obs"][i]
-                replay.add(nstep.push(obs, actions, reward, real_next_obs, terminated, truncated))
+                replay.add(nstep.push(obs, actions, reward, real_next_obs(next_obs, done, info),
+                                      terminated, truncated))
                 obs = next_obs
                 global_step += args.num_envs
                 ep_return += reward
@@ -944,6 +1002,8 @@ def main(args: Args) -> dict:
     returns = evaluate(act, state.params, args.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
     logger.eval(global_step, returns)
     logger.close()
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, state.params, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
           f"run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),

@@ -78,6 +78,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import cpprb
 import flax.linen as nn
 import gymnasium as gym
+import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,6 +163,14 @@ class Args:
     """evaluate the actor in --load and exit"""
     load: Optional[str] = None
     """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+    save_dataset: Optional[str] = None
+    """after training (or with --eval-only), write rollouts of the policy to this .hdf5 file in
+    D4RL's layout, for algos/bc_offline.py"""
+    dataset_episodes: int = 20
+    """episodes in the --save-dataset file"""
+    dataset_noise: float = 0.0
+    """std of Gaussian noise added (in [-1, 1] action units) to the deterministic policy while
+    collecting the dataset (0: expert data; larger: noisier data)"""
 
 
 class ConfigError(Exception):
@@ -187,8 +196,10 @@ def check_args(args: Args) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(args, name)}")
     if not 0.0 <= args.per_beta0 <= 1.0:
         raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
-    if args.per_alpha < 0 or args.checkpoint_every < 0:
-        raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
+    if args.per_alpha < 0 or args.checkpoint_every < 0 or args.dataset_noise < 0:
+        raise ConfigError("--per-alpha, --checkpoint-every and --dataset-noise must be >= 0")
+    if args.dataset_episodes <= 0:
+        raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
 
@@ -232,6 +243,17 @@ def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
     envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     return obs
+
+
+def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
+    """The observation each step really led to. In SAME_STEP mode a finished env's next_obs is
+    already the reset of its next episode; the last observation is in info["final_obs"]."""
+    if not done.any():
+        return next_obs
+    real = next_obs.copy()
+    for i in np.flatnonzero(done):
+        real[i] = info["final_obs"][i]
+    return real
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -388,17 +410,15 @@ class PrioritizedReplay:
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float):
         self.capacity = capacity
-        spec = {"obs": {"shape": obs_dim, "dtype": np.float32},
-                "next_obs": {"shape": obs_dim, "dtype": np.float32},
-                "action": {"shape": action_dim, "dtype": np.float32}, "reward": {"dtype": np.float32},
-                "discount": {"dtype": np.float32}}
+        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (),
+                  "discount": ()}
+        spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)
         self.beta = 0.4  # set by the main loop; read by whoever samples
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + np.shape(np.zeros(v.get("shape", ()))),
-                                  v["dtype"]) for k, v in spec.items()}
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], np.float32) for k in shapes}
         self.staged = 0
 
     def add(self, batch: Optional[dict]) -> None:
@@ -734,24 +754,73 @@ def make_act(actor: Actor):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def evaluate(act, params, env_id: str, episodes: int, seed: int) -> np.ndarray:
-    """Returns of `episodes` deterministic episodes, run as parallel envs (each contributes its
-    first episode). The same seeds every time, so successive evaluations differ only by policy."""
+def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0.0,
+            random: bool = False, record: bool = False) -> Tuple[np.ndarray, Optional[dict]]:
+    """Returns of `episodes` episodes run as parallel envs (each contributes its first episode)
+    with the deterministic policy tanh(mean) (plus N(0, noise^2) clipped to [-1, 1]), or with
+    uniformly random actions; with record=True also their transitions in D4RL's flat layout
+    (actions in env units), episode after episode. The same seeds every time."""
     envs = make_env(env_id, episodes)
     try:
         low, high = envs.single_action_space.low, envs.single_action_space.high
         obs = seed_envs(envs, seed)
-        key = jax.random.PRNGKey(seed)
+        rng = np.random.default_rng(seed)
         returns = np.zeros(episodes)
         running = np.ones(episodes, bool)
+        steps = []
         while running.any():
-            action = np.asarray(act(params, obs, key, np.int32(0), deterministic=True))
-            obs, reward, terminated, truncated, _ = envs.step(to_env_action(action, low, high))
+            if random:
+                env_action = envs.action_space.sample()
+            else:
+                action = np.asarray(act(params, obs, None, None, deterministic=True))
+                if noise:
+                    action = np.clip(action + noise * rng.standard_normal(action.shape), -1.0, 1.0)
+                env_action = to_env_action(action, low, high)
+            next_obs, reward, terminated, truncated, info = envs.step(env_action)
+            steps.append((running.copy(), obs, env_action, reward,
+                          real_next_obs(next_obs, terminated | truncated, info) if record else None,
+                          terminated, truncated))
             returns += reward * running
             running &= ~(terminated | truncated)
-        return returns
+            obs = next_obs
+        if not record:
+            return returns, None
+        columns = [np.stack(c) for c in zip(*steps)]  # each [T, episodes, ...]
+        live = columns[0]
+        names = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+        return returns, {name: np.concatenate([col[live[:, i], i] for i in range(episodes)])
+                         for name, col in zip(names, columns[1:])}
     finally:
         envs.close()
+
+
+def evaluate(act, params, env_id: str, episodes: int, seed: int) -> np.ndarray:
+    return rollout(act, params, env_id, episodes, seed)[0]
+
+
+def save_dataset(path: str, act, params, args: Args) -> dict:
+    """Rollouts of the policy (with --dataset-noise) in D4RL's HDF5 layout, with the reference
+    returns of the normalised score in metadata/: ref_min from uniformly random actions, ref_max
+    from the deterministic policy itself. Written atomically."""
+    seed = args.seed + 20_000
+    returns, data = rollout(act, params, args.env_id, args.dataset_episodes, seed, noise=args.dataset_noise,
+                            record=True)
+    ref_min = float(rollout(act, params, args.env_id, args.dataset_episodes, seed, random=True)[0].mean())
+    ref_max = float(evaluate(act, params, args.env_id, args.dataset_episodes, seed).mean())
+    metadata = {"env_id": args.env_id, "algorithm": f"{SCRIPT}.py", "dataset_noise": args.dataset_noise,
+                "episodes": args.dataset_episodes, "seed": seed, "ref_min_score": ref_min,
+                "ref_max_score": ref_max, "mean_return": float(returns.mean())}
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        for name, values in data.items():
+            f.create_dataset(name, data=values, compression="gzip")
+        group = f.create_group("metadata")
+        for name, value in metadata.items():
+            group.attrs[name] = value
+    os.replace(tmp, path)
+    print(f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
+          f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}", flush=True)
+    return metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -890,8 +959,11 @@ def run_eval_only(args: Args) -> np.ndarray:
     actor = Actor(action_dim, saved.hidden_sizes)
     template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
     params = restore_tree(template, payload["params"], "actor parameters")
-    returns = evaluate(make_act(actor), params, saved.env_id, args.eval_episodes, args.seed + 10_000)
+    act = make_act(actor)
+    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000)
     print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
     return returns
 
 
@@ -974,12 +1046,8 @@ def main(args: Args) -> dict:
                                             deterministic=False))
                 next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
                 done = terminated | truncated
-                real_next_obs = next_obs
-                if done.any():  # SAME_STEP autoreset: next_obs already starts the next episode
-                    real_next_obs = next_obs.copy()
-                    for i in np.flatnonzero(done):
-                        real_next_obs[i] = info["final_obs"][i]
-                replay.add(nstep.push(obs, action, reward, real_next_obs, terminated, truncated))
+                replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info),
+                                      terminated, truncated))
                 obs = next_obs
                 global_step += args.num_envs
                 ep_return += reward
@@ -1053,6 +1121,8 @@ def main(args: Args) -> dict:
     returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
     logger.eval(global_step, returns)
     logger.close()
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, state.actor_params, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
           f"run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),

@@ -1,0 +1,944 @@
+"""Behaviour cloning from offline datasets, with prioritized replay of the data, in one file.
+
+What it implements
+  * Behaviour cloning (Pomerleau 1991; as the offline-RL baseline of Fu et al. 2020, "D4RL",
+    arXiv:2004.07219, and Emmons et al. 2021, arXiv:2112.10751), with "x% BC" (train on the best
+    fraction of trajectories by return; Chen et al. 2021, "Decision Transformer",
+    arXiv:2106.01345, section 5.3).
+  * Optional prioritized sampling of the dataset by per-example loss (proportional PER,
+    Schaul et al. 2016, arXiv:1511.05952, on cpprb) with importance-weighted loss.
+  * The same learner machinery as the project's online scripts: a prefetch thread that samples
+    and puts batches on the device, K SGD steps fused in one jitted `lax.scan`, priorities
+    written back from another thread.
+
+Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without --prioritized)
+  discrete actions:          l_i = -log softmax(f(s_i))[a_i]                      (cross-entropy)
+  continuous, --loss mse:    l_i = sum_j (tanh(f(s_i))_j - a~_ij)^2,  a~ = action scaled to [-1, 1]
+  continuous, --loss nll:    l_i = -log pi(a~_i|s_i),  pi = tanh(N(mu(s), sigma(s))):
+                             log pi(a~) = log N(atanh(a~); mu, sigma) - sum_j log(1 - a~_j^2)
+  with s normalised by the dataset's mean and std (saved with the model, used at evaluation).
+  Priorities p_i = l_i + eps (shifted to be positive for the nll), P(i) = p_i^alpha / sum p^alpha,
+  w_i = (N P(i))^-beta / max_j (N P(j))^-beta (cpprb normalises over the whole buffer).
+  Evaluation acts deterministically: argmax, tanh(f(s)) or tanh(mu(s)), mapped to the bounds.
+  Normalised score = 100 * (R - ref_min) / (ref_max - ref_min).
+
+Datasets (--dataset, repeatable: their union is used)
+  * D4RL's flat HDF5 layout: observations, actions, rewards, next_observations, terminals,
+    timeouts, and attributes under metadata/ (env_id, ref_min_score, ref_max_score, ...);
+  * a Minari dataset folder: data/main_data.hdf5 with one group per episode holding T+1
+    observations, T actions, rewards, terminations, truncations; metadata.json beside data/;
+  * .npz files with the D4RL keys (metadata as "metadata/<name>" entries).
+  Trajectories end at terminals and at timeouts. algos/dqn_prioritized.py and algos/sac.py write
+  this format with --save-dataset; data/ ships two small ones (see README for the commands).
+
+Run
+  python algos/bc_offline.py                                   # data/pendulum-sac-expert.hdf5
+  python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5
+  python algos/bc_offline.py --dataset a.hdf5 --dataset b.npz --top-fraction 0.1
+  python algos/bc_offline.py --eval-only --load runs/<run>/model.pkl
+
+Outputs (runs/<env_id>__bc_offline__<seed>__<unix_time>/)
+  args.json, eval.csv (step, mean, std, episodes, normalized_score) where step counts SGD
+  updates, tensorboard events (losses/bc_loss, eval/episodic_return(_std), eval/normalized_score,
+  replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction),
+  checkpoint.pkl (atomic) and model.pkl (parameters and observation statistics).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Read by jax when it initialises its backend, so it must be set before `import jax`: without it
+# a GPU run would grab 75% of the device memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import csv
+import dataclasses
+import glob
+import hashlib
+import json
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+
+import cpprb
+import flax.linen as nn
+import gymnasium as gym
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+
+SCRIPT = "bc_offline"
+CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+ACTION_EDGE = 1.0 - 1e-5  # dataset actions at the bounds would have atanh = inf
+DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "data", "pendulum-sac-expert.hdf5")
+
+
+@dataclass
+class Args:
+    dataset: List[str] = field(default_factory=lambda: [DEFAULT_DATASET])
+    """D4RL-layout .hdf5, Minari folder or .npz; repeat the flag to train on the union"""
+    env_id: Optional[str] = None
+    """env to evaluate in; default: the dataset's metadata"""
+    seed: int = 1
+    """seed of the network, the sampling and the eval env"""
+    total_updates: int = 20_000
+    """SGD steps"""
+    loss: str = "mse"
+    """continuous actions: 'mse' (deterministic tanh policy) or 'nll' (tanh-Gaussian likelihood);
+    discrete actions always use cross-entropy"""
+    hidden_sizes: Tuple[int, ...] = (256, 256)
+    """widths of the policy's hidden layers"""
+    learning_rate: float = 1e-3
+    """Adam's learning rate (decayed linearly to 0 over training)"""
+    batch_size: int = 256
+    """examples per SGD step"""
+    top_fraction: float = 1.0
+    """train on the best fraction of trajectories by return (1.0: all; 0.1: "10% BC")"""
+    normalize_obs: bool = True
+    """standardise observations with the dataset's mean and std"""
+    prioritized: bool = False
+    """sample examples in proportion to their loss (IS-weighted); --no-prioritized is uniform"""
+    per_alpha: float = 0.6
+    """priority exponent alpha"""
+    per_beta0: float = 0.4
+    """initial importance-sampling exponent beta, annealed linearly to 1"""
+    per_eps: float = 1e-3
+    """added to every priority"""
+    updates_per_call: int = 50
+    """SGD steps fused in one jitted call (lax.scan)"""
+    prefetch_size: int = 2
+    """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    eval_every: int = 5_000
+    """SGD steps between evaluations"""
+    eval_episodes: int = 10
+    """episodes per evaluation (run in parallel)"""
+    ref_min_score: Optional[float] = None
+    """return of a random policy, for the normalised score; default: the dataset's metadata"""
+    ref_max_score: Optional[float] = None
+    """return of an expert, for the normalised score; default: the dataset's metadata"""
+    checkpoint_every: int = 10_000
+    """SGD steps between checkpoints (0 disables periodic checkpoints)"""
+    log_every: int = 1_000
+    """SGD steps between tensorboard scalars and console lines"""
+    run_dir: Optional[str] = None
+    """output folder; default runs/<env_id>__bc_offline__<seed>__<unix_time>"""
+    resume: Optional[str] = None
+    """run folder to continue from its checkpoint.pkl (its args.json is reused; flags given
+    here that differ from their defaults override it)"""
+    eval_only: bool = False
+    """evaluate the policy in --load and exit"""
+    load: Optional[str] = None
+    """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line, without a traceback."""
+
+
+def check_args(args: Args) -> None:
+    positive = ("total_updates", "batch_size", "updates_per_call", "prefetch_size", "eval_every",
+                "eval_episodes", "log_every", "learning_rate", "per_eps")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        raise ConfigError(f"--hidden-sizes must be positive widths, got {args.hidden_sizes}")
+    if args.loss not in ("mse", "nll"):
+        raise ConfigError(f"--loss must be 'mse' or 'nll', got {args.loss!r}")
+    if not 0.0 < args.top_fraction <= 1.0:
+        raise ConfigError(f"--top-fraction must be in (0, 1], got {args.top_fraction}")
+    if not 0.0 <= args.per_beta0 <= 1.0:
+        raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
+    if args.per_alpha < 0 or args.checkpoint_every < 0:
+        raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
+    if not args.dataset and not args.eval_only:
+        raise ConfigError("give at least one --dataset")
+    if args.eval_only and not args.load:
+        raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets: readers, checks, trajectories
+# ---------------------------------------------------------------------------------------------
+
+REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
+
+
+class Dataset(NamedTuple):
+    observations: np.ndarray  # [N, obs_dim] float32
+    actions: np.ndarray       # [N] int64 (discrete) or [N, action_dim] float32
+    rewards: np.ndarray       # [N] float32
+    terminals: np.ndarray     # [N] bool: the episode ended in a terminal state
+    timeouts: np.ndarray      # [N] bool: the episode was cut off (or the trajectory ends here)
+    metadata: dict
+
+
+def _clean_metadata(items) -> dict:
+    out = {}
+    for key, value in items:
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, np.ndarray) and value.shape == ():
+            value = value.item()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        out[key] = value.decode() if isinstance(value, bytes) else value
+    return out
+
+
+def _from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
+    missing = [k for k in REQUIRED if k not in arrays]
+    if missing:
+        raise ConfigError(f"{path}: missing key(s) {', '.join(missing)}")
+    n = len(arrays["observations"])
+    lengths = {k: len(arrays[k]) for k in REQUIRED}
+    if any(v != n for v in lengths.values()):
+        raise ConfigError(f"{path}: arrays of different lengths {lengths}")
+    actions = np.asarray(arrays["actions"])
+    discrete = np.issubdtype(actions.dtype, np.integer) or (actions.ndim == 1 and metadata.get("discrete_actions"))
+    return Dataset(np.asarray(arrays["observations"], np.float32).reshape(n, -1),
+                   actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1),
+                   np.asarray(arrays["rewards"], np.float32).reshape(n),
+                   np.asarray(arrays["terminals"]).astype(bool).reshape(n),
+                   np.asarray(arrays["timeouts"]).astype(bool).reshape(n), metadata)
+
+
+def read_d4rl_hdf5(path: str) -> Dataset:
+    with h5py.File(path, "r") as f:
+        arrays = {k: f[k][()] for k in REQUIRED if k in f and isinstance(f[k], h5py.Dataset)}
+        metadata = _clean_metadata(f["metadata"].attrs.items()) if "metadata" in f else {}
+        metadata.update(_clean_metadata((k, f["metadata"][k][()]) for k in f["metadata"]
+                                        if isinstance(f["metadata"][k], h5py.Dataset)) if "metadata" in f else {})
+    return _from_flat(arrays, metadata, path)
+
+
+def read_npz(path: str) -> Dataset:
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in REQUIRED if k in z.files}
+        metadata = _clean_metadata((k[len("metadata/"):], z[k]) for k in z.files if k.startswith("metadata/"))
+    return _from_flat(arrays, metadata, path)
+
+
+def read_minari(folder: str) -> Dataset:
+    """Minari's layout: one HDF5 group per episode with T+1 observations."""
+    path = os.path.join(folder, "data", "main_data.hdf5")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{folder}: not a Minari dataset folder (no data/main_data.hdf5)")
+    metadata = {}
+    meta_path = os.path.join(folder, "metadata.json")
+    if os.path.isfile(meta_path):
+        with open(meta_path) as f:
+            raw = json.load(f)
+        metadata = {k: v for k, v in raw.items() if isinstance(v, (str, int, float, bool))}
+        spec = raw.get("env_spec")
+        if isinstance(spec, str):  # minari stores the env spec as a JSON string
+            try:
+                spec = json.loads(spec)
+            except ValueError:
+                spec = None
+        if isinstance(spec, dict) and "id" in spec:
+            metadata["env_id"] = spec["id"]
+    parts = {k: [] for k in REQUIRED}
+    with h5py.File(path, "r") as f:
+        names = sorted(f.keys(), key=lambda s: int(s.split("_")[-1]) if s.split("_")[-1].isdigit() else s)
+        for name in names:
+            ep = f[name]
+            missing = [k for k in ("observations", "actions", "rewards", "terminations", "truncations") if k not in ep]
+            if missing:
+                raise ConfigError(f"{path}: episode {name} is missing {', '.join(missing)}")
+            obs, T = ep["observations"][()], len(ep["actions"])
+            if len(obs) != T + 1 or any(len(ep[k]) != T for k in ("rewards", "terminations", "truncations")):
+                raise ConfigError(f"{path}: episode {name} needs T+1 observations and T of everything else")
+            timeouts = ep["truncations"][()].astype(bool).copy()
+            if T and not (timeouts[-1] or ep["terminations"][-1]):
+                timeouts[-1] = True  # a stored episode ends here whatever its flags say
+            parts["observations"].append(obs[:-1])
+            parts["actions"].append(ep["actions"][()])
+            parts["rewards"].append(ep["rewards"][()])
+            parts["terminals"].append(ep["terminations"][()])
+            parts["timeouts"].append(timeouts)
+    if not names:
+        raise ConfigError(f"{path}: no episodes")
+    return _from_flat({k: np.concatenate(v) for k, v in parts.items()}, metadata, folder)
+
+
+def read_dataset(path: str) -> Dataset:
+    """Any supported format, checked: a bad file raises a ConfigError naming it."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: no such file or folder")
+    try:
+        if os.path.isdir(path):
+            ds = read_minari(path)
+        elif path.endswith(".npz"):
+            ds = read_npz(path)
+        else:
+            ds = read_d4rl_hdf5(path)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"{path}: unreadable dataset ({type(e).__name__}: {e})") from None
+    if len(ds.rewards) == 0:
+        raise ConfigError(f"{path}: the dataset is empty")
+    for name in ("observations", "actions", "rewards"):
+        values = getattr(ds, name)
+        if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
+            raise ConfigError(f"{path}: {name} contain NaN or inf")
+    return ds
+
+
+def concatenate(datasets: List[Dataset], paths: List[str]) -> Dataset:
+    first = datasets[0]
+    for ds, path in zip(datasets[1:], paths[1:]):
+        if ds.observations.shape[1:] != first.observations.shape[1:] or ds.actions.shape[1:] != first.actions.shape[1:] \
+                or ds.actions.dtype != first.actions.dtype:
+            raise ConfigError(f"{path}: observations/actions do not match those of {paths[0]}")
+        if ds.metadata.get("env_id", first.metadata.get("env_id")) != first.metadata.get("env_id", ds.metadata.get("env_id")):
+            raise ConfigError(f"{path}: env {ds.metadata.get('env_id')} differs from {first.metadata.get('env_id')} of {paths[0]}")
+    metadata = {}
+    for ds in reversed(datasets):  # the first file's values win
+        metadata.update(ds.metadata)
+    return Dataset(*(np.concatenate([getattr(ds, k) for ds in datasets]) for k in Dataset._fields[:-1]), metadata)
+
+
+def trajectory_bounds(terminals: np.ndarray, timeouts: np.ndarray) -> np.ndarray:
+    """[start, end) of each trajectory: one ends after every terminal or timeout, and an
+    unfinished tail counts as one more."""
+    ends = np.flatnonzero(terminals | timeouts) + 1
+    if len(ends) == 0 or ends[-1] != len(terminals):
+        ends = np.append(ends, len(terminals))
+    starts = np.concatenate([[0], ends[:-1]])
+    return np.stack([starts, ends], axis=1)
+
+
+def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
+    """Rows of the best ceil(fraction * #trajectories) trajectories by undiscounted return."""
+    bounds = trajectory_bounds(ds.terminals, ds.timeouts)
+    returns = np.add.reduceat(ds.rewards.astype(np.float64), bounds[:, 0])
+    keep = max(1, int(np.ceil(fraction * len(bounds))))
+    best = np.argsort(-returns, kind="stable")[:keep]
+    mask = np.zeros(len(ds.rewards), bool)
+    for start, end in bounds[best]:
+        mask[start:end] = True
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env for evaluation, with the autoreset mode set explicitly."""
+    try:
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    except gym.error.Error as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
+    except ImportError as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {e} (pip install -r requirements.txt)") from None
+    space = envs.single_action_space
+    if not (isinstance(space, gym.spaces.Discrete) or
+            (isinstance(space, gym.spaces.Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)))):
+        envs.close()
+        raise ConfigError(f"{env_id} has action space {space}; BC here handles Discrete and bounded Box actions")
+    return envs
+
+
+def check_dataset_matches_env(ds: Dataset, envs: gym.vector.VectorEnv, where: str) -> None:
+    obs_shape = envs.single_observation_space.shape
+    if int(np.prod(obs_shape)) != ds.observations.shape[1]:
+        raise ConfigError(f"{where}: observations have {ds.observations.shape[1]} features, the env {obs_shape}")
+    space = envs.single_action_space
+    if isinstance(space, gym.spaces.Discrete):
+        if ds.actions.ndim != 1 or not np.issubdtype(ds.actions.dtype, np.integer):
+            raise ConfigError(f"{where}: the env has discrete actions but the dataset's actions are "
+                              f"{ds.actions.dtype} of shape {ds.actions.shape[1:]}")
+        if ds.actions.min() < 0 or ds.actions.max() >= space.n:
+            raise ConfigError(f"{where}: actions outside 0..{space.n - 1}")
+    else:
+        if ds.actions.ndim != 2 or ds.actions.shape[1:] != space.shape:
+            raise ConfigError(f"{where}: actions of shape {ds.actions.shape[1:]} do not match the env's {space.shape}")
+        tolerance = 1e-4 * (space.high - space.low)
+        if np.any(ds.actions < space.low - tolerance) or np.any(ds.actions > space.high + tolerance):
+            raise ConfigError(f"{where}: actions outside the env's bounds [{space.low}, {space.high}]")
+
+
+def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[-1, 1] -> [low, high], affine per dimension; clipped against float rounding."""
+    return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
+
+
+def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[low, high] -> [-1, 1], the inverse of to_env_action."""
+    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy network and losses
+# ---------------------------------------------------------------------------------------------
+
+class Policy(nn.Module):
+    """MLP on normalised observations: logits (discrete), or (mean, log_std) in pre-tanh space."""
+    out_dim: int
+    hidden_sizes: Tuple[int, ...]
+    gaussian: bool  # also output a log-std head (--loss nll)
+
+    @nn.compact
+    def __call__(self, obs: jax.Array):
+        x = obs
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        out = nn.Dense(self.out_dim)(x)
+        if not self.gaussian:
+            return out, None
+        return out, jnp.clip(nn.Dense(self.out_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
+
+
+class ObsStats(NamedTuple):
+    mean: np.ndarray
+    std: np.ndarray
+
+
+def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
+    if not normalize:
+        return ObsStats(np.zeros(observations.shape[1], np.float32), np.ones(observations.shape[1], np.float32))
+    # The floor keeps constant features (std 0) from blowing up to inf.
+    return ObsStats(observations.mean(0).astype(np.float32), np.maximum(observations.std(0), 1e-3).astype(np.float32))
+
+
+def per_example_loss(policy: Policy, mode: str, params, obs, action):
+    """l_i of the docstring for each example; `action` is an int (discrete) or in [-1, 1]."""
+    out, log_std = policy.apply(params, obs)
+    if mode == "discrete":
+        return -jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], axis=1)[:, 0]
+    if mode == "mse":
+        return jnp.sum((jnp.tanh(out) - action) ** 2, axis=-1)
+    # nll: log-density of the squashed Gaussian at the dataset's action.
+    a = jnp.clip(action, -ACTION_EDGE, ACTION_EDGE)
+    u = jnp.arctanh(a)
+    log_normal = -0.5 * (((u - out) / jnp.exp(log_std)) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
+    return -jnp.sum(log_normal - jnp.log(1.0 - a ** 2), axis=-1)
+
+
+def deterministic_action(policy: Policy, mode: str, params, obs):
+    out, _ = policy.apply(params, obs)
+    return jnp.argmax(out, axis=-1) if mode == "discrete" else jnp.tanh(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: the dataset in a prioritized cpprb buffer
+# ---------------------------------------------------------------------------------------------
+
+class PrioritizedDataset:
+    """The (normalised) dataset in cpprb's PrioritizedReplayBuffer, shared by three threads.
+
+    One lock serialises sampling (prefetch thread) and priority updates (writer thread). The
+    dataset is written once and never overwritten, so unlike the online scripts no slot can go
+    stale between a sample and its priority update. priority[] mirrors what went into cpprb,
+    which cannot read priorities back, so checkpoints can save them.
+    """
+
+    def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float):
+        n = len(obs)
+        spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32},
+                "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype}}
+        self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
+        self.buffer.add(obs=obs, action=actions)  # one call: all rows, at priority 1
+        self.priority = np.ones(n, np.float64)
+        self.discrete = actions.ndim == 1
+        self.lock = threading.Lock()
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+
+    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray]:
+        with self.lock:
+            batch = self.buffer.sample(batch_size, beta=self.beta)
+        indexes = batch.pop("indexes").astype(np.int64)
+        if self.discrete:
+            batch["action"] = batch["action"].reshape(-1)
+        batch["weights"] = batch["weights"].reshape(-1).astype(np.float32)
+        return batch, indexes
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        with self.lock:
+            self.buffer.update_priorities(indexes, priorities)
+            self.priority[indexes] = priorities
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def load_priorities(self, priority: np.ndarray, max_priority: float) -> None:
+        with self.lock:
+            self.buffer.update_priorities(np.arange(len(priority)), priority)
+            # cpprb only ever raises its max: raise it on slot 0, then restore slot 0.
+            self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
+            self.buffer.update_priorities(np.array([0]), priority[:1])
+            self.priority[:] = priority
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefetch and priority write-back threads
+# ---------------------------------------------------------------------------------------------
+
+class Prefetcher:
+    """Samples ahead on a background thread and puts the batches on the device (as Acme does).
+
+    The learner then only waits when sampling is slower than learning; perf/learner_wait_fraction
+    measures that. An exception in the thread is re-raised by the next get().
+    """
+
+    def __init__(self, produce: Callable[[], Any], size: int):
+        self._produce = produce
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._produce()
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as e:  # handed to the consumer, who re-raises it
+            self._error = e
+            self._stop.set()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._error is not None:
+                    raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
+                if self._stop.is_set():
+                    raise RuntimeError("prefetcher is closed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PriorityWriter:
+    """Writes per-example losses back as priorities on a background thread.
+
+    Reading the priorities waits for the learner's computation, so doing it here keeps that wait
+    (and the lock) off the acting loop. flush() blocks until everything submitted is written.
+    """
+
+    def __init__(self, replay: PrioritizedDataset):
+        self._replay = replay
+        self._queue: queue.Queue = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                indexes, priorities = item
+                self._replay.update_priorities(indexes, np.asarray(priorities, np.float64).reshape(-1))
+            except BaseException as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def submit(self, indexes: np.ndarray, priorities: jax.Array) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+        self._queue.put((indexes, priorities))
+
+    def flush(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class TrainState(NamedTuple):
+    params: Any
+    opt_state: Any
+    sgd_steps: jax.Array
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    return optax.adam(optax.linear_schedule(args.learning_rate, 0.0, args.total_updates))
+
+
+def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, per-example loss[K, B]): K SGD steps."""
+    mean, std = jnp.asarray(stats.mean), jnp.asarray(stats.std)
+
+    def loss_fn(params, batch):
+        losses = per_example_loss(policy, mode, params, (batch["obs"] - mean) / std, batch["action"])
+        return jnp.mean(batch["weights"] * losses), losses
+
+    def sgd_step(state: TrainState, batch: dict):
+        (loss, losses), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.sgd_steps + 1), (loss, losses)
+
+    def update(state: TrainState, batches: dict):
+        state, (loss, losses) = jax.lax.scan(sgd_step, state, batches)
+        return state, {"losses/bc_loss": loss.mean()}, losses
+
+    return jax.jit(update, donate_argnums=0)
+
+
+def make_act(policy: Policy, mode: str):
+    """jit(params, obs, mean, std) -> deterministic action (index, or in [-1, 1])."""
+    return jax.jit(lambda params, obs, mean, std: deterministic_action(policy, mode, params, (obs - mean) / std))
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+def evaluate(act, params, stats: ObsStats, env_id: str, episodes: int, seed: int) -> np.ndarray:
+    """Returns of `episodes` deterministic episodes run as parallel envs (each contributes its
+    first episode), with the same seeds every time."""
+    envs = make_env(env_id, episodes)
+    try:
+        space = envs.single_action_space
+        discrete = isinstance(space, gym.spaces.Discrete)
+        obs, _ = envs.reset(seed=seed)
+        envs.action_space.seed(seed)
+        returns, running = np.zeros(episodes), np.ones(episodes, bool)
+        while running.any():
+            action = np.asarray(act(params, obs.reshape(episodes, -1).astype(np.float32), stats.mean, stats.std))
+            obs, reward, terminated, truncated, _ = envs.step(
+                action if discrete else to_env_action(action, space.low, space.high))
+            returns += reward * running
+            running &= ~(terminated | truncated)
+        return returns
+    finally:
+        envs.close()
+
+
+def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Optional[float]) -> float:
+    if ref_min is None or ref_max is None or ref_max == ref_min:
+        return float("nan")
+    return float(100.0 * (returns.mean() - ref_min) / (ref_max - ref_min))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and logging
+# ---------------------------------------------------------------------------------------------
+
+def save_pickle_atomic(path: str, payload: dict) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash leaves the old file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_payload(path: str) -> dict:
+    """A checkpoint.pkl or model.pkl written by this script, or a one-line ConfigError."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pkl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no such file: {path}")
+    try:
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+    except Exception as e:
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} was not written by {SCRIPT}.py")
+    return payload
+
+
+def restore_tree(template, leaves: list, what: str):
+    """Put saved leaves into the structure of `template`, checking they fit."""
+    flat, treedef = jax.tree_util.tree_flatten(template)
+    if len(flat) != len(leaves) or any(np.shape(a) != np.shape(b) for a, b in zip(flat, leaves)):
+        raise ConfigError(f"the saved {what} does not match this network (different --hidden-sizes "
+                          "or env?)")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+
+
+def host_leaves(tree) -> list:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+
+
+class Logger:
+    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
+
+    def __init__(self, run_dir: str):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(run_dir)
+        self._eval_csv = os.path.join(run_dir, "eval.csv")
+
+    def scalars(self, step: int, values: dict) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
+                                       for k, v in values.items()])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def eval(self, step: int, returns: np.ndarray, score: float) -> None:
+        self.scalars(step, {"eval/episodic_return": returns.mean(),
+                            "eval/episodic_return_std": returns.std(), "eval/normalized_score": score})
+        new = not os.path.exists(self._eval_csv)
+        with open(self._eval_csv, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "mean", "std", "episodes", "normalized_score"])
+            writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns), f"{score:.2f}"])
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def resolve_args(args: Args) -> Args:
+    """For --resume: the run's saved flags, overridden by those given here that differ from the
+    defaults (e.g. a larger --total-timesteps to extend the run)."""
+    path = os.path.join(args.resume, "args.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("script") != SCRIPT:
+        raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
+    defaults = Args()
+    merged = {}
+    for field in dataclasses.fields(Args):
+        given = getattr(args, field.name)
+        value = saved["args"].get(field.name, given)
+        if given != getattr(defaults, field.name):
+            value = given
+        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+    merged.update(resume=args.resume, run_dir=args.resume)
+    return Args(**merged)
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag that the loop checks between steps, so the last checkpoint is
+    taken from a consistent state; a second signal interrupts at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def load_training_data(args: Args):
+    """(dataset after --top-fraction, env id, action mode, ref_min, ref_max, fingerprint)."""
+    datasets = [read_dataset(p) for p in args.dataset]
+    ds = concatenate(datasets, args.dataset)
+    env_id = args.env_id or ds.metadata.get("env_id")
+    if not env_id:
+        raise ConfigError(f"{args.dataset[0]}: no env_id in the metadata; give --env-id")
+    envs = make_env(env_id, 1)
+    try:
+        for one, path in zip(datasets, args.dataset):
+            check_dataset_matches_env(one, envs, path)
+        discrete = isinstance(envs.single_action_space, gym.spaces.Discrete)
+        low, high = (None, None) if discrete else (envs.single_action_space.low, envs.single_action_space.high)
+    finally:
+        envs.close()
+    if args.top_fraction < 1.0:
+        mask = top_fraction_mask(ds, args.top_fraction)
+        ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
+    if not discrete:  # the policy works in [-1, 1]; map the dataset's actions there once
+        ds = ds._replace(actions=from_env_action(ds.actions, low, high).astype(np.float32))
+    ref_min = args.ref_min_score if args.ref_min_score is not None else ds.metadata.get("ref_min_score")
+    ref_max = args.ref_max_score if args.ref_max_score is not None else ds.metadata.get("ref_max_score")
+    digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
+    return ds, env_id, "discrete" if discrete else args.loss, ref_min, ref_max, digest
+
+
+def run_eval_only(args: Args) -> np.ndarray:
+    payload = load_payload(args.load)
+    saved = payload["args"]
+    policy = Policy(payload["out_dim"], tuple(saved["hidden_sizes"]), payload["mode"] == "nll")
+    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, len(payload["obs_mean"]))))
+    params = restore_tree(template, payload["params"], "policy parameters")
+    stats = ObsStats(payload["obs_mean"], payload["obs_std"])
+    returns = evaluate(make_act(policy, payload["mode"]), params, stats, payload["env_id"],
+                       args.eval_episodes, args.seed + 10_000)
+    score = normalized_score(returns, payload.get("ref_min"), payload.get("ref_max"))
+    print(f"eval {payload['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+          f"episodes, normalised score {score:.1f}")
+    return returns
+
+
+def main(args: Args) -> dict:
+    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError."""
+    check_args(args)
+    # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
+    # per-step policy call of the evaluation that handoff costs more than the network.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if args.eval_only:
+        returns = run_eval_only(args)
+        return {"eval_mean": float(returns.mean())}
+    if args.resume:
+        args = resolve_args(args)
+        check_args(args)
+
+    ds, env_id, mode, ref_min, ref_max, digest = load_training_data(args)
+    stats = obs_stats(ds.observations, args.normalize_obs)
+    out_dim = int(ds.actions.max()) + 1 if mode == "discrete" else ds.actions.shape[1]
+    if mode == "discrete":
+        envs = make_env(env_id, 1)
+        out_dim = int(envs.single_action_space.n)
+        envs.close()
+    policy = Policy(out_dim, args.hidden_sizes, mode == "nll")
+    optimizer = make_optimizer(args)
+    params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, ds.observations.shape[1])))
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    alpha = args.per_alpha if args.prioritized else 0.0
+    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps)
+    update = make_update(policy, mode, optimizer, stats)
+    act = make_act(policy, mode)
+    print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {env_id}, loss {mode}")
+
+    if args.resume:
+        payload = load_payload(os.path.join(args.resume, "checkpoint.pkl"))
+        if payload["digest"] != digest:
+            raise ConfigError(f"--resume {args.resume}: the dataset differs from the one this run trained on")
+        state = restore_tree(state, payload["train_state"], "train state")
+        replay.load_priorities(payload["priority"], payload["max_priority"])
+        print(f"resumed {args.resume} at update {int(state.sgd_steps)}")
+    run_dir = args.run_dir or os.path.join(
+        "runs", f"{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
+    logger = Logger(run_dir)
+    model_info = {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "env_id": env_id,
+                  "mode": mode, "out_dim": out_dim, "obs_mean": stats.mean, "obs_std": stats.std,
+                  "ref_min": ref_min, "ref_max": ref_max}
+
+    def checkpoint():
+        writer.flush()
+        save_pickle_atomic(os.path.join(run_dir, "checkpoint.pkl"), {
+            **model_info, "params": host_leaves(state.params), "train_state": host_leaves(state),
+            "digest": digest, "priority": replay.priority.copy(), "max_priority": replay.max_priority()})
+
+    def sample_batches():
+        batch, indexes = replay.sample(args.updates_per_call * args.batch_size)
+        batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
+        return jax.device_put(batch), indexes
+
+    def run_eval(step):
+        returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
+        score = normalized_score(returns, ref_min, ref_max)
+        logger.eval(step, returns, score)
+        return f"{returns.mean():.1f} (score {score:.1f})"
+
+    updates = int(state.sgd_steps)
+    prefetcher = Prefetcher(sample_batches, args.prefetch_size)
+    writer = PriorityWriter(replay)
+    window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
+    last_eval, metrics = "-", {}
+    stop = StopRequest()
+    try:
+        with stop:
+            while updates + args.updates_per_call <= args.total_updates and stop.signum is None:
+                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
+                t0 = time.perf_counter()
+                batches, indexes = prefetcher.get()
+                t1 = time.perf_counter()
+                state, metrics, losses = update(state, batches)
+                if args.prioritized:  # with alpha = 0 the write would change nothing
+                    writer.submit(indexes, losses)
+                window["wait"] += t1 - t0
+                window["learn"] += time.perf_counter() - t0
+                before, updates = updates, updates + args.updates_per_call
+                if updates // args.eval_every > before // args.eval_every:
+                    last_eval = run_eval(updates)
+                if updates // args.log_every > before // args.log_every:
+                    now = time.perf_counter()
+                    scalars = {"perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
+                               "perf/learner_wait_fraction": window["wait"] / window["learn"],
+                               "replay/beta": replay.beta, "replay/priority_max": replay.max_priority(),
+                               **{k: float(v) for k, v in metrics.items()}}
+                    logger.scalars(updates, scalars)
+                    print(f"update {updates:>7d}  updates/s {scalars['perf/updates_per_second']:7.0f}  "
+                          f"loss {scalars['losses/bc_loss']:.4f}  eval {last_eval}", flush=True)
+                    window.update(time=now, updates=updates, wait=0.0, learn=0.0)
+                if args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every:
+                    checkpoint()
+    finally:
+        prefetcher.close()
+        writer.flush()
+        writer.close()
+    checkpoint()
+    if stop.signum is not None:
+        logger.close()
+        print(f"stopped by signal {stop.signum} at update {updates}; continue with --resume {run_dir}", flush=True)
+        return {"run_dir": run_dir, "updates": updates, "signal": stop.signum}
+    save_pickle_atomic(os.path.join(run_dir, "model.pkl"), {**model_info, "params": host_leaves(state.params)})
+    returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
+    score = normalized_score(returns, ref_min, ref_max)
+    logger.eval(updates, returns, score)
+    logger.close()
+    print(f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
+          f"normalised score {score:.1f}; run dir {run_dir}", flush=True)
+    return {"run_dir": run_dir, "updates": updates, "eval_mean": float(returns.mean()), "score": score}
+
+
+def cli(argv=None) -> int:
+    args = tyro.cli(Args, args=argv)
+    try:
+        result = main(args)
+    except ConfigError as e:
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        return 2
+    return 128 + result["signal"] if "signal" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
