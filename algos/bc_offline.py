@@ -64,7 +64,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Annotated, Any, Callable, List, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -86,8 +86,9 @@ DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 @dataclass
 class Args:
-    dataset: List[str] = field(default_factory=lambda: [DEFAULT_DATASET])
-    """D4RL-layout .hdf5, Minari folder or .npz; repeat the flag to train on the union"""
+    dataset: Annotated[List[str], tyro.conf.UseAppendAction] = field(default_factory=list)
+    """D4RL-layout .hdf5, Minari folder or .npz; repeat the flag to train on the union
+    (default: data/pendulum-sac-expert.hdf5)"""
     env_id: Optional[str] = None
     """env to evaluate in; default: the dataset's metadata"""
     seed: int = 1
@@ -162,8 +163,6 @@ def check_args(args: Args) -> None:
         raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
     if args.per_alpha < 0 or args.checkpoint_every < 0:
         raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
-    if not args.dataset and not args.eval_only:
-        raise ConfigError("give at least one --dataset")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
 
@@ -205,6 +204,8 @@ def _from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
     lengths = {k: len(arrays[k]) for k in REQUIRED}
     if any(v != n for v in lengths.values()):
         raise ConfigError(f"{path}: arrays of different lengths {lengths}")
+    if n == 0:
+        raise ConfigError(f"{path}: the dataset is empty")
     actions = np.asarray(arrays["actions"])
     discrete = np.issubdtype(actions.dtype, np.integer) or (actions.ndim == 1 and metadata.get("discrete_actions"))
     return Dataset(np.asarray(arrays["observations"], np.float32).reshape(n, -1),
@@ -288,8 +289,6 @@ def read_dataset(path: str) -> Dataset:
         raise
     except Exception as e:
         raise ConfigError(f"{path}: unreadable dataset ({type(e).__name__}: {e})") from None
-    if len(ds.rewards) == 0:
-        raise ConfigError(f"{path}: the dataset is empty")
     for name in ("observations", "actions", "rewards"):
         values = getattr(ds, name)
         if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
@@ -826,6 +825,8 @@ def main(args: Args) -> dict:
     if args.resume:
         args = resolve_args(args)
         check_args(args)
+    if not args.dataset:
+        args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
 
     ds, env_id, mode, ref_min, ref_max, digest = load_training_data(args)
     stats = obs_stats(ds.observations, args.normalize_obs)

@@ -1,0 +1,234 @@
+"""BC: dataset readers (D4RL HDF5, Minari folder, npz), trajectory split and top fraction, the
+writers' files, normalisation saved and restored, losses, bad input, import hygiene."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import ROOT, load_script
+
+bc = load_script("bc_offline")
+SCRIPT = os.path.join(ROOT, "algos", "bc_offline.py")
+FAST = ["--hidden-sizes", "32", "32", "--batch-size", "64", "--updates-per-call", "10",
+        "--eval-episodes", "2", "--eval-every", "100", "--log-every", "100"]
+
+
+def episodes_data(rng, lengths, obs_dim=3, action_dim=1, terminal_last=(True,)):
+    """Per-episode arrays with T+1 observations (Minari's shape)."""
+    eps = []
+    for k, T in enumerate(lengths):
+        term = np.zeros(T, bool)
+        trunc = np.zeros(T, bool)
+        if terminal_last[k % len(terminal_last)]:
+            term[-1] = True
+        else:
+            trunc[-1] = True
+        eps.append({"observations": rng.normal(size=(T + 1, obs_dim)).astype(np.float32),
+                    "actions": rng.uniform(-2, 2, (T, action_dim)).astype(np.float32),
+                    "rewards": rng.normal(size=T).astype(np.float32),
+                    "terminations": term, "truncations": trunc})
+    return eps
+
+
+def flat_from_episodes(eps):
+    return {"observations": np.concatenate([e["observations"][:-1] for e in eps]),
+            "next_observations": np.concatenate([e["observations"][1:] for e in eps]),
+            "actions": np.concatenate([e["actions"] for e in eps]),
+            "rewards": np.concatenate([e["rewards"] for e in eps]),
+            "terminals": np.concatenate([e["terminations"] for e in eps]),
+            "timeouts": np.concatenate([e["truncations"] for e in eps])}
+
+
+def write_d4rl(path, flat, metadata=None):
+    with h5py.File(path, "w") as f:
+        for k, v in flat.items():
+            f.create_dataset(k, data=v)
+        g = f.create_group("metadata")
+        for k, v in (metadata or {}).items():
+            g.attrs[k] = v
+
+
+def write_minari(folder, eps, env_id="Pendulum-v1"):
+    os.makedirs(os.path.join(folder, "data"))
+    with h5py.File(os.path.join(folder, "data", "main_data.hdf5"), "w") as f:
+        for i, e in enumerate(eps):
+            g = f.create_group(f"episode_{i}")
+            for k, v in e.items():
+                g.create_dataset(k, data=v)
+    with open(os.path.join(folder, "metadata.json"), "w") as f:
+        json.dump({"env_spec": json.dumps({"id": env_id}), "ref_min_score": -1200.0, "ref_max_score": -150.0}, f)
+
+
+def test_three_readers_agree_including_the_t_plus_1_shift(tmp_path):
+    rng = np.random.default_rng(0)
+    eps = episodes_data(rng, [5, 7, 3], terminal_last=(True, False))
+    flat = flat_from_episodes(eps)
+    meta = {"env_id": "Pendulum-v1", "ref_min_score": -1200.0, "ref_max_score": -150.0}
+    write_d4rl(tmp_path / "d.hdf5", flat, meta)
+    np.savez(tmp_path / "d.npz", **flat, **{f"metadata/{k}": v for k, v in meta.items()})
+    write_minari(str(tmp_path / "minari"), eps)
+    for ds in (bc.read_dataset(str(tmp_path / "d.hdf5")), bc.read_dataset(str(tmp_path / "d.npz")),
+               bc.read_dataset(str(tmp_path / "minari"))):
+        np.testing.assert_array_equal(ds.observations, flat["observations"])
+        np.testing.assert_array_equal(ds.actions, flat["actions"])
+        np.testing.assert_array_equal(ds.rewards, flat["rewards"])
+        np.testing.assert_array_equal(ds.terminals, flat["terminals"])
+        np.testing.assert_array_equal(ds.timeouts, flat["timeouts"])
+        assert ds.metadata["env_id"] == "Pendulum-v1" and ds.metadata["ref_max_score"] == -150.0
+
+
+def test_minari_episode_without_end_flag_still_ends_a_trajectory(tmp_path):
+    eps = episodes_data(np.random.default_rng(1), [4, 4])
+    eps[0]["terminations"][:] = False  # e.g. a stored episode cut by the collector
+    write_minari(str(tmp_path / "m"), eps)
+    ds = bc.read_dataset(str(tmp_path / "m"))
+    np.testing.assert_array_equal(bc.trajectory_bounds(ds.terminals, ds.timeouts), [[0, 4], [4, 8]])
+
+
+def test_trajectory_split_at_terminals_and_timeouts_and_top_fraction():
+    rewards = np.array([1, 1, 1, 5, 5, 0, 0, 0, 0, 9], np.float32)
+    terminals = np.array([0, 0, 1, 0, 0, 0, 0, 0, 0, 0], bool)
+    timeouts = np.array([0, 0, 0, 0, 1, 0, 0, 0, 1, 0], bool)  # the last row is an unfinished tail
+    bounds = bc.trajectory_bounds(terminals, timeouts)
+    np.testing.assert_array_equal(bounds, [[0, 3], [3, 5], [5, 9], [9, 10]])  # returns 3, 10, 0, 9
+    ds = bc.Dataset(np.zeros((10, 1), np.float32), np.zeros((10, 1), np.float32), rewards, terminals, timeouts, {})
+    np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.5)), [3, 4, 9])  # best 2 of 4
+    np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.1)), [3, 4])    # at least 1
+    assert bc.top_fraction_mask(ds, 1.0).all()
+
+
+def test_losses_match_references():
+    rng = np.random.default_rng(2)
+    obs = rng.normal(size=(16, 3)).astype(np.float32)
+    # discrete: cross-entropy
+    pol = bc.Policy(4, (8,), False)
+    params = pol.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    actions = rng.integers(0, 4, 16)
+    logits = np.asarray(pol.apply(params, obs)[0])
+    ref = -(logits[np.arange(16), actions] - np.log(np.exp(logits).sum(1)))
+    np.testing.assert_allclose(bc.per_example_loss(pol, "discrete", params, obs, actions), ref, rtol=1e-5)
+    # mse on tanh outputs
+    pol = bc.Policy(2, (8,), False)
+    params = pol.init(jax.random.PRNGKey(1), jnp.zeros((1, 3)))
+    a = rng.uniform(-1, 1, (16, 2)).astype(np.float32)
+    ref = ((np.tanh(np.asarray(pol.apply(params, obs)[0])) - a) ** 2).sum(1)
+    np.testing.assert_allclose(bc.per_example_loss(pol, "mse", params, obs, a), ref, rtol=1e-5)
+    # nll of the tanh-Gaussian
+    pol = bc.Policy(2, (8,), True)
+    params = pol.init(jax.random.PRNGKey(2), jnp.zeros((1, 3)))
+    mu, log_std = (np.asarray(x) for x in pol.apply(params, obs))
+    u, sigma = np.arctanh(a), np.exp(log_std)
+    ref = -(-0.5 * ((u - mu) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a ** 2)).sum(1)
+    np.testing.assert_allclose(bc.per_example_loss(pol, "nll", params, obs, a), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path, capsys):
+    sac = load_script("sac")
+    data = str(tmp_path / "pend.hdf5")
+    assert sac.cli(["--total-timesteps", "300", "--learning-starts", "256", "--batch-size", "64",
+                    "--hidden-sizes", "16", "--eval-every", "300", "--eval-episodes", "2",
+                    "--run-dir", str(tmp_path / "sac"), "--save-dataset", data, "--dataset-episodes", "2",
+                    "--dataset-noise", "0.3"]) == 0
+    ds = bc.read_dataset(data)
+    assert len(ds.rewards) == 400 and ds.timeouts.sum() == 2 and ds.metadata["env_id"] == "Pendulum-v1"
+    assert ds.metadata["ref_min_score"] < 0 and "ref_max_score" in ds.metadata
+    dqn = load_script("dqn_prioritized")
+    data2 = str(tmp_path / "cart.hdf5")
+    assert dqn.cli(["--total-timesteps", "300", "--learning-starts", "256", "--batch-size", "32",
+                    "--hidden-sizes", "16", "--eval-every", "300", "--eval-episodes", "2",
+                    "--run-dir", str(tmp_path / "dqn"), "--save-dataset", data2, "--dataset-episodes", "3",
+                    "--dataset-epsilon", "0.5"]) == 0
+    ds2 = bc.read_dataset(data2)
+    assert ds2.actions.ndim == 1 and (ds2.terminals | ds2.timeouts).sum() == 3
+
+    run = str(tmp_path / "bc")
+    assert bc.cli(FAST + ["--dataset", data, "--total-updates", "200", "--run-dir", run]) == 0
+    model = bc.load_payload(os.path.join(run, "model.pkl"))
+    np.testing.assert_allclose(model["obs_mean"], ds.observations.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model["obs_std"], ds.observations.std(0), rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert bc.cli(["--eval-only", "--load", os.path.join(run, "model.pkl"), "--eval-episodes", "2"]) == 0
+    assert "normalised score" in capsys.readouterr().out
+    # Resume continues the update counter; the checkpoint holds the priorities.
+    assert bc.cli(["--resume", run, "--total-updates", "300"]) == 0
+    ckpt = bc.load_payload(run)
+    assert int(ckpt["train_state"][-1]) == 300 and len(ckpt["priority"]) == 400
+    # Two files at once (their union), discrete data trains with cross-entropy.
+    assert bc.cli(FAST + ["--dataset", data2, "--dataset", data2, "--total-updates", "100",
+                          "--run-dir", str(tmp_path / "bc2")]) == 0
+    assert "examples from 2 file(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("problem,message", [
+    ("missing", "missing key(s) timeouts"),
+    ("lengths", "arrays of different lengths"),
+    ("nan", "observations contain NaN or inf"),
+    ("empty", "the dataset is empty"),
+    ("garbage", "unreadable dataset"),
+    ("action_shape", "do not match the env"),
+    ("bounds", "outside the env's bounds"),
+    ("no_env", "no env_id in the metadata"),
+])
+def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, problem, message):
+    rng = np.random.default_rng(3)
+    flat = flat_from_episodes(episodes_data(rng, [6, 6]))
+    meta = {"env_id": "Pendulum-v1"}
+    path = str(tmp_path / f"{problem}.hdf5")
+    if problem == "missing":
+        del flat["timeouts"]
+    elif problem == "lengths":
+        flat["rewards"] = flat["rewards"][:-1]
+    elif problem == "nan":
+        flat["observations"][3, 1] = np.nan
+    elif problem == "empty":
+        flat = {k: v[:0] for k, v in flat.items()}
+    elif problem == "action_shape":
+        flat["actions"] = np.zeros((12, 2), np.float32)
+    elif problem == "bounds":
+        flat["actions"][0] = 7.0
+    elif problem == "no_env":
+        meta = {}
+    if problem == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"this is not hdf5")
+    else:
+        write_d4rl(path, flat, meta)
+    assert bc.cli(["--dataset", path, "--total-updates", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and path in err and len(err.splitlines()) == 1
+
+
+def test_other_bad_input(tmp_path, capsys):
+    cases = [(["--dataset", str(tmp_path / "nope.hdf5")], "no such file"),
+             (["--loss", "l1"], "--loss must be"),
+             (["--top-fraction", "0"], "--top-fraction must be"),
+             (["--eval-only"], "needs --load")]
+    # Discrete dataset against a continuous env.
+    flat = flat_from_episodes(episodes_data(np.random.default_rng(4), [5]))
+    flat["actions"] = np.zeros(5, np.int64)
+    flat["observations"] = flat["observations"]
+    write_d4rl(tmp_path / "disc.hdf5", flat, {"env_id": "Pendulum-v1"})
+    cases.append((["--dataset", str(tmp_path / "disc.hdf5")], "do not match the env"))
+    for argv, message in cases:
+        assert bc.cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+
+
+def test_import_has_no_side_effects_and_cli_errors_have_no_traceback(tmp_path):
+    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
+            "before = set(os.listdir('.')); load_script('bc_offline'); "
+            "from jax._src import xla_bridge; assert not xla_bridge._backends; "
+            "assert set(os.listdir('.')) == before; print('clean')") % os.path.join(ROOT, "tests")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "clean" in out.stdout, out.stderr
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, observations=np.zeros((3, 3)))
+    out = subprocess.run([sys.executable, SCRIPT, "--dataset", str(bad)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "missing key(s)" in out.stderr
