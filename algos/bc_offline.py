@@ -898,7 +898,7 @@ def main(args: Args) -> dict:
                 window["wait"] += t1 - t0
                 window["learn"] += time.perf_counter() - t0
                 before, updates = updates, updates + args.updates_per_call
-                if updates // args.eval_every > before // args.eval_every:
+                if updates // args.eval_every > before // args.eval_every and updates < args.total_updates:
                     last_eval = run_eval(updates)
                 if updates // args.log_every > before // args.log_every:
                     now = time.perf_counter()

@@ -33,6 +33,7 @@ Run
   python algos/dqn_prioritized.py --env-id Acrobot-v1 --seed 2
   python algos/dqn_prioritized.py --resume runs/<run>      # continue an interrupted run
   python algos/dqn_prioritized.py --eval-only --load runs/<run>/model.pkl
+  python algos/dqn_prioritized.py --save-dataset data/cartpole.hdf5   # offline data for BC
   python algos/dqn_prioritized.py --help                   # every flag
 
 Outputs (runs/<env_id>__dqn_prioritized__<seed>__<unix_time>/)
@@ -90,7 +91,7 @@ class Args:
     """gymnasium id of an environment with a Discrete action space and vector observations"""
     seed: int = 1
     """seed of the training envs, the eval env, the network and the exploration"""
-    total_timesteps: int = 60_000
+    total_timesteps: int = 100_000
     """environment steps, summed over all envs"""
     num_envs: int = 1
     """parallel environments (gymnasium's synchronous vector env)"""
@@ -975,7 +976,7 @@ def main(args: Args) -> dict:
                               f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}",
                               flush=True)
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
-                if global_step >= next_eval:
+                if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
                     returns = evaluate(act, state.params, args.env_id, args.eval_episodes,
                                        args.eval_epsilon, args.seed + 10_000)

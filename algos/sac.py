@@ -45,6 +45,7 @@ Run
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
   python algos/sac.py --resume runs/<run>                   # continue an interrupted run
   python algos/sac.py --eval-only --load runs/<run>/model.pkl
+  python algos/sac.py --save-dataset data/pendulum.hdf5 --dataset-noise 0.3   # data for BC
   python algos/sac.py --help                                # every flag
 
 Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
@@ -1095,7 +1096,7 @@ def main(args: Args) -> dict:
                               f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}",
                               flush=True)
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
-                if global_step >= next_eval:
+                if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
                     returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
                     logger.eval(global_step, returns)
