@@ -125,7 +125,7 @@ class Args:
     """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
     start_e: float = 1.0
     """initial exploration epsilon"""
-    end_e: float = 0.01
+    end_e: float = 0.05
     """final exploration epsilon"""
     exploration_fraction: float = 0.2
     """fraction of --total-timesteps over which epsilon decays linearly"""
