@@ -137,7 +137,7 @@ class Args:
     """initial importance-sampling exponent beta, annealed linearly to 1"""
     per_eps: float = 1e-6
     """added to |TD| so that no transition has zero probability"""
-    updates_per_call: int = 16
+    updates_per_call: int = 32
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
     """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
