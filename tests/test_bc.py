@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, load_script
+from helpers import ROOT, import_in_fresh_process, load_script
 
 bc = load_script("bc_offline")
 SCRIPT = os.path.join(ROOT, "algos", "bc_offline.py")
@@ -222,11 +222,7 @@ def test_other_bad_input(tmp_path, capsys):
 
 
 def test_import_has_no_side_effects_and_cli_errors_have_no_traceback(tmp_path):
-    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
-            "before = set(os.listdir('.')); load_script('bc_offline'); "
-            "from jax._src import xla_bridge; assert not xla_bridge._backends; "
-            "assert set(os.listdir('.')) == before; print('clean')") % os.path.join(ROOT, "tests")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = import_in_fresh_process("bc_offline")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
     bad = tmp_path / "bad.npz"
     np.savez(bad, observations=np.zeros((3, 3)))

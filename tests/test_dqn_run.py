@@ -11,7 +11,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import ROOT, load_script
+from helpers import ROOT, import_in_fresh_process, load_script
 
 dqn = load_script("dqn_prioritized")
 SCRIPT = os.path.join(ROOT, "algos", "dqn_prioritized.py")
@@ -32,15 +32,8 @@ def read_eval(run_dir):
 
 
 def test_import_has_no_side_effects():
-    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
-            "before = set(os.listdir('.')); m = load_script('dqn_prioritized'); "
-            "import jax; from jax._src import xla_bridge; assert not xla_bridge._backends, 'jax initialised'; "
-            "assert jax.config.read('jax_cpu_enable_async_dispatch'), 'config changed'; "
-            "assert set(os.listdir('.')) == before; print('clean')") % os.path.join(ROOT, "tests")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT),
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "clean" in out.stdout
+    out = import_in_fresh_process("dqn_prioritized")
+    assert out.returncode == 0 and "clean" in out.stdout, out.stderr
 
 
 def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):

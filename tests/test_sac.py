@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, load_script
+from helpers import ROOT, import_in_fresh_process, load_script
 
 sac = load_script("sac")
 SCRIPT = os.path.join(ROOT, "algos", "sac.py")
@@ -219,11 +219,7 @@ def test_unbounded_actions_are_rejected(capsys):
 
 
 def test_import_has_no_side_effects_and_cli_errors_have_no_traceback():
-    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
-            "before = set(os.listdir('.')); load_script('sac'); "
-            "from jax._src import xla_bridge; assert not xla_bridge._backends; "
-            "assert set(os.listdir('.')) == before; print('clean')") % os.path.join(ROOT, "tests")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = import_in_fresh_process("sac")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
     out = subprocess.run([sys.executable, SCRIPT, "--env-id", "Acrobot-v1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "Box action space" in out.stderr
