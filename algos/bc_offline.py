@@ -184,13 +184,10 @@ class Dataset(NamedTuple):
 
 
 def _clean_metadata(items) -> dict:
+    """HDF5/npz scalars (numpy 0-d arrays, numpy scalars, bytes) as plain Python values."""
     out = {}
     for key, value in items:
-        if isinstance(value, bytes):
-            value = value.decode()
-        elif isinstance(value, np.ndarray) and value.shape == ():
-            value = value.item()
-        elif isinstance(value, np.generic):
+        if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0:
             value = value.item()
         out[key] = value.decode() if isinstance(value, bytes) else value
     return out
@@ -218,9 +215,9 @@ def _from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
 def read_d4rl_hdf5(path: str) -> Dataset:
     with h5py.File(path, "r") as f:
         arrays = {k: f[k][()] for k in REQUIRED if k in f and isinstance(f[k], h5py.Dataset)}
-        metadata = _clean_metadata(f["metadata"].attrs.items()) if "metadata" in f else {}
-        metadata.update(_clean_metadata((k, f["metadata"][k][()]) for k in f["metadata"]
-                                        if isinstance(f["metadata"][k], h5py.Dataset)) if "metadata" in f else {})
+        group = f["metadata"] if "metadata" in f else None
+        metadata = {} if group is None else _clean_metadata(
+            [*group.attrs.items(), *((k, v[()]) for k, v in group.items() if isinstance(v, h5py.Dataset))])
     return _from_flat(arrays, metadata, path)
 
 
@@ -302,7 +299,8 @@ def concatenate(datasets: List[Dataset], paths: List[str]) -> Dataset:
         if ds.observations.shape[1:] != first.observations.shape[1:] or ds.actions.shape[1:] != first.actions.shape[1:] \
                 or ds.actions.dtype != first.actions.dtype:
             raise ConfigError(f"{path}: observations/actions do not match those of {paths[0]}")
-        if ds.metadata.get("env_id", first.metadata.get("env_id")) != first.metadata.get("env_id", ds.metadata.get("env_id")):
+        env_ids = {first.metadata.get("env_id"), ds.metadata.get("env_id")} - {None}
+        if len(env_ids) > 1:
             raise ConfigError(f"{path}: env {ds.metadata.get('env_id')} differs from {first.metadata.get('env_id')} of {paths[0]}")
     metadata = {}
     for ds in reversed(datasets):  # the first file's values win
@@ -735,12 +733,12 @@ def resolve_args(args: Args) -> Args:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
     defaults = Args()
     merged = {}
-    for field in dataclasses.fields(Args):
-        given = getattr(args, field.name)
-        value = saved["args"].get(field.name, given)
-        if given != getattr(defaults, field.name):
+    for flag in dataclasses.fields(Args):
+        given = getattr(args, flag.name)
+        value = saved["args"].get(flag.name, given)
+        if given != getattr(defaults, flag.name):
             value = given
-        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+        merged[flag.name] = tuple(value) if isinstance(given, tuple) else value
     merged.update(resume=args.resume, run_dir=args.resume)
     return Args(**merged)
 
@@ -772,8 +770,17 @@ class StopRequest:
 # Main
 # ---------------------------------------------------------------------------------------------
 
-def load_training_data(args: Args):
-    """(dataset after --top-fraction, env id, action mode, ref_min, ref_max, fingerprint)."""
+class TrainingData(NamedTuple):
+    dataset: Dataset   # after --top-fraction, continuous actions mapped to [-1, 1]
+    env_id: str
+    mode: str          # "discrete", "mse" or "nll"
+    out_dim: int       # number of actions (discrete) or action dimensions
+    ref_min: Optional[float]
+    ref_max: Optional[float]
+    digest: str        # fingerprint of the training data, checked on --resume
+
+
+def load_training_data(args: Args) -> TrainingData:
     datasets = [read_dataset(p) for p in args.dataset]
     ds = concatenate(datasets, args.dataset)
     env_id = args.env_id or ds.metadata.get("env_id")
@@ -783,19 +790,20 @@ def load_training_data(args: Args):
     try:
         for one, path in zip(datasets, args.dataset):
             check_dataset_matches_env(one, envs, path)
-        discrete = isinstance(envs.single_action_space, gym.spaces.Discrete)
-        low, high = (None, None) if discrete else (envs.single_action_space.low, envs.single_action_space.high)
+        space = envs.single_action_space
+        discrete = isinstance(space, gym.spaces.Discrete)
     finally:
         envs.close()
     if args.top_fraction < 1.0:
         mask = top_fraction_mask(ds, args.top_fraction)
         ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
     if not discrete:  # the policy works in [-1, 1]; map the dataset's actions there once
-        ds = ds._replace(actions=from_env_action(ds.actions, low, high).astype(np.float32))
+        ds = ds._replace(actions=from_env_action(ds.actions, space.low, space.high).astype(np.float32))
     ref_min = args.ref_min_score if args.ref_min_score is not None else ds.metadata.get("ref_min_score")
     ref_max = args.ref_max_score if args.ref_max_score is not None else ds.metadata.get("ref_max_score")
     digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
-    return ds, env_id, "discrete" if discrete else args.loss, ref_min, ref_max, digest
+    return TrainingData(ds, env_id, "discrete" if discrete else args.loss,
+                        int(space.n) if discrete else space.shape[0], ref_min, ref_max, digest)
 
 
 def run_eval_only(args: Args) -> np.ndarray:
@@ -828,13 +836,8 @@ def main(args: Args) -> dict:
     if not args.dataset:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
 
-    ds, env_id, mode, ref_min, ref_max, digest = load_training_data(args)
+    ds, env_id, mode, out_dim, ref_min, ref_max, digest = load_training_data(args)
     stats = obs_stats(ds.observations, args.normalize_obs)
-    out_dim = int(ds.actions.max()) + 1 if mode == "discrete" else ds.actions.shape[1]
-    if mode == "discrete":
-        envs = make_env(env_id, 1)
-        out_dim = int(envs.single_action_space.n)
-        envs.close()
     policy = Policy(out_dim, args.hidden_sizes, mode == "nll")
     optimizer = make_optimizer(args)
     params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, ds.observations.shape[1])))

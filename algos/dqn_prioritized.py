@@ -53,7 +53,8 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # One thread per XLA CPU computation: these networks are too small for intra-op parallelism to
 # pay, and on a few cores its worker threads compete with the env, the prefetch thread and the
-# priority writer (1.4x faster end to end on 2 cores, see README). No effect on GPU.
+# priority writer (1.4x faster in a side-by-side pair of runs at 8 envs on 2 cores).
+# No effect on GPU.
 if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
@@ -405,10 +406,6 @@ class PrioritizedReplay:
             np.add.at(self.write_count, slots, 1)
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
-
-    def size(self) -> int:
-        with self.lock:
-            return self.buffer.get_stored_size()
 
     def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
         """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
@@ -793,12 +790,12 @@ def resolve_args(args: Args) -> Args:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
     defaults = Args()
     merged = {}
-    for field in dataclasses.fields(Args):
-        given = getattr(args, field.name)
-        value = saved["args"].get(field.name, given)
-        if given != getattr(defaults, field.name):
+    for flag in dataclasses.fields(Args):
+        given = getattr(args, flag.name)
+        value = saved["args"].get(flag.name, given)
+        if given != getattr(defaults, flag.name):
             value = given
-        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+        merged[flag.name] = tuple(value) if isinstance(given, tuple) else value
     merged.update(resume=args.resume, run_dir=args.resume)
     return Args(**merged)
 

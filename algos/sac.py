@@ -449,10 +449,6 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def size(self) -> int:
-        with self.lock:
-            return self.buffer.get_stored_size()
-
     def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
         """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
         with self.lock:
@@ -910,12 +906,12 @@ def resolve_args(args: Args) -> Args:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
     defaults = Args()
     merged = {}
-    for field in dataclasses.fields(Args):
-        given = getattr(args, field.name)
-        value = saved["args"].get(field.name, given)
-        if given != getattr(defaults, field.name):
+    for flag in dataclasses.fields(Args):
+        given = getattr(args, flag.name)
+        value = saved["args"].get(flag.name, given)
+        if given != getattr(defaults, flag.name):
             value = given
-        merged[field.name] = tuple(value) if isinstance(given, tuple) else value
+        merged[flag.name] = tuple(value) if isinstance(given, tuple) else value
     merged.update(resume=args.resume, run_dir=args.resume)
     return Args(**merged)
 

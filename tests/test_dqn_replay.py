@@ -24,12 +24,12 @@ def make(capacity=16, alpha=0.6, eps=1e-6):
 def test_staged_rows_reach_the_buffer_on_flush_and_keep_their_contents():
     rp = make(capacity=300)
     rp.add(rows(5))
-    assert rp.size() == 0  # staged, not yet in cpprb
+    assert rp.buffer.get_stored_size() == 0  # staged, not yet in cpprb
     rp.flush()
-    assert rp.size() == 5
+    assert rp.buffer.get_stored_size() == 5
     rp.add(rows(200, start=5))  # crosses the staging size: flushes by itself
     rp.flush()
-    assert rp.size() == 205
+    assert rp.buffer.get_stored_size() == 205
     batch, idx, _ = rp.sample(64)
     np.testing.assert_array_equal(batch["reward"], idx.astype(np.float32))  # slot i holds row i
     np.testing.assert_array_equal(batch["obs"][:, 0], idx.astype(np.float32))
@@ -107,7 +107,7 @@ def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(sto
 
     other = make(capacity=8, alpha=1.0, eps=0.0)
     other.load_state_dict(state)
-    assert other.size() == stored
+    assert other.buffer.get_stored_size() == stored
     assert other.buffer.get_next_index() == next_index
     assert other.max_priority() == 99.0
     np.testing.assert_array_equal(other.priority[:stored], rp.priority[:stored])
