@@ -1,78 +1,175 @@
 #!/usr/bin/env bash
-# Reproducible benchmarks. Figures go to stdout as markdown tables; runs go to runs/bench/.
+# Reproducible benchmarks: multi-seed runs, then results/summary.md and results/*.png.
 #
-#   ./benchmark.sh dqn-solve [SEEDS]    default DQN run on CartPole-v1 per seed (default 1..5):
-#                                       env steps and wall time until eval >= 475, final eval
-#   ./benchmark.sh dqn-speed [REPEATS]  env steps/s at CleanRL dqn_jax.py's CartPole settings
-#                                       (500k steps), PER and 3-step on; num_envs 1 and 8
+#   ./benchmark.sh [-j N] [--seeds N] [--force] [--runs DIR] [--out DIR] MODE
 #
-# Set PYTHON to choose the interpreter (default: .venv/bin/python if present, else python3).
+#   quick     minutes on a CPU: default flags of each script on its default task
+#             (DQN CartPole-v1, SAC Pendulum-v1, BC on both shipped datasets); 3 seeds
+#   full      the README's table: DQN CartPole-v1, Acrobot-v1, LunarLander-v3; SAC Pendulum-v1,
+#             HalfCheetah-v5, Hopper-v5 (100k steps); BC on the shipped datasets and
+#             data/hopper-sac-medium.hdf5; 5 seeds
+#   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1
+#             PER off/on; 5 seeds
+#   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
+#             SAC sac_continuous_action.py Pendulum) and BC's pipeline efficiency; runs one at
+#             a time whatever -j says; 3 repeats
+#   summary   only rebuild the summary from the runs already there
+#
+#   -j N       runs in parallel (default: the number of cores)
+#   --seeds N  seeds 1..N instead of the mode's default
+#   --force    rerun runs that already finished (by default a run with exit status 0 is kept,
+#              so an interrupted `full` continues where it stopped)
+#   --runs DIR where runs go (default runs/bench): DIR/<suite>/<config>/<task>/seed<N>{,.log,.exit}
+#   --out DIR  where summary.md and the plots go (default results)
+#
+# PYTHON chooses the interpreter (default: .venv/bin/python if present, else python3).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-OUT=runs/bench
-mkdir -p "$OUT"
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-is_count() { [[ "$1" =~ ^[1-9][0-9]*$ ]] || { echo "benchmark.sh: error: '$1' is not a positive count" >&2; exit 2; }; }
+die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
-summarise() {  # summarise THRESHOLD RUN_DIR...: one table row per run, read from its event file
-  "$PYTHON" - "$@" <<'PY'
-import glob, statistics, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-threshold, dirs = float(sys.argv[1]), sys.argv[2:]
-print("| run | steps to eval >= %g | wall s to it | final eval | env steps/s |" % threshold)
-print("|---|---|---|---|---|")
-walls, steps, sps = [], [], []
-for d in dirs:
-    files = glob.glob(f"{d}/events.out.tfevents.*")
-    if not files:
-        print(f"| {d} | crashed (no events) | | | |"); continue
-    ea = EventAccumulator(files[0], size_guidance={"scalars": 0}); ea.Reload()
-    start = ea.FirstEventTimestamp()
-    evals = ea.Scalars("eval/episodic_return") if "eval/episodic_return" in ea.Tags()["scalars"] else []
-    hit = next((e for e in evals if e.value >= threshold), None)
-    last = evals[-1] if evals else None
-    rate = ea.Scalars("charts/SPS")
-    overall = rate[-1].step / (rate[-1].wall_time - start) if rate else float("nan")
-    sps.append(overall)
-    if hit:
-        steps.append(hit.step); walls.append(hit.wall_time - start)
-    print(f"| {d} | {hit.step if hit else 'not reached'} | {f'{hit.wall_time - start:.1f}' if hit else '-'} "
-          f"| {f'{last.value:.1f}' if last else 'crashed'} | {overall:.0f} |")
-if steps:
-    print(f"| median | {statistics.median(steps):.0f} | {statistics.median(walls):.1f} | | {statistics.median(sps):.0f} |")
-PY
+JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
+while (( $# )); do
+  case "$1" in
+    -j) (( $# >= 2 )) || die "-j needs a value"; is_count -j "$2"; JOBS=$2; shift 2 ;;
+    -j*) is_count -j "${1#-j}"; JOBS=${1#-j}; shift ;;
+    --seeds) (( $# >= 2 )) || die "--seeds needs a value"; is_count --seeds "$2"; SEEDS=$2; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    --runs) (( $# >= 2 )) || die "--runs needs a directory"; RUNS=$2; shift 2 ;;
+    --out) (( $# >= 2 )) || die "--out needs a directory"; OUT=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) die "unknown option '$1' (see ./benchmark.sh --help)" ;;
+    *) [ -z "$MODE" ] || die "one mode at a time, got '$MODE' and '$1'"; MODE=$1; shift ;;
+  esac
+done
+case "$MODE" in
+  quick|full|ablation|speed|summary) ;;
+  "") usage >&2; die "no mode given: quick, full, ablation, speed or summary" ;;
+  *) die "unknown mode '$MODE': quick, full, ablation, speed or summary" ;;
+esac
+
+# run STEM CMD...: one run with --run-dir STEM, output in STEM.log, exit status in STEM.exit.
+run() {
+  local stem=$1; shift
+  if [ -z "$FORCE" ] && [ "$(cat "$stem.exit" 2>/dev/null)" = 0 ]; then
+    echo "kept   $stem (finished before; --force reruns it)"; return 0
+  fi
+  rm -rf "$stem" "$stem.log" "$stem.exit"; mkdir -p "$(dirname "$stem")"
+  echo "start  $stem"
+  local rc=0
+  "$@" --run-dir "$stem" > "$stem.log" 2>&1 || rc=$?
+  echo "$rc" > "$stem.exit"
+  if [ "$rc" = 0 ]; then echo "done   $stem"; else echo "FAILED $stem (exit $rc, see $stem.log)" >&2; fi
+}
+# launch ...: run in the background, at most JOBS at a time.
+launch() {
+  while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
+  run "$@" &
+}
+# seeds SUITE CONFIG TASK SCRIPT FLAGS...: one run per seed.
+seeds() {
+  local suite=$1 config=$2 task=$3 script=$4; shift 4
+  for s in $(seq 1 "$NSEEDS"); do
+    launch "$RUNS/$suite/$config/$task/seed$s" "$PYTHON" "algos/$script" --seed "$s" "$@"
+  done
 }
 
-mode=${1:-}
-case "$mode" in
-  dqn-solve)
-    seeds=${2:-5}; is_count "$seeds"
-    dirs=()
-    for s in $(seq 1 "$seeds"); do
-      d="$OUT/dqn-solve-seed$s"; rm -rf "$d"; dirs+=("$d")
-      "$PYTHON" algos/dqn_prioritized.py --seed "$s" --eval-every 5000 --run-dir "$d" > "$d.log" 2>&1 \
-        || echo "seed $s crashed, see $d.log" >&2
-    done
-    summarise 475 "${dirs[@]}"
+DQN=dqn_prioritized.py SAC=sac.py BC=bc_offline.py
+MUJOCO=(--total-timesteps 100000 --learning-starts 5000 --eval-every 10000)
+MEDIUM=data/hopper-sac-medium.hdf5
+case "$MODE" in
+  quick)
+    NSEEDS=${SEEDS:-3}
+    seeds quick dqn CartPole-v1 $DQN
+    seeds quick sac Pendulum-v1 $SAC
+    seeds quick bc pendulum-sac-expert $BC --dataset data/pendulum-sac-expert.hdf5
+    seeds quick bc cartpole-dqn-expert $BC --dataset data/cartpole-dqn-expert.hdf5
     ;;
-  dqn-speed)
-    repeats=${2:-3}; is_count "$repeats"
-    cleanrl=(--total-timesteps 500000 --train-frequency 10 --batch-size 128 --buffer-size 10000
-             --learning-rate 2.5e-4 --target-network-frequency 500 --learning-starts 10000
-             --exploration-fraction 0.5 --end-e 0.05 --hidden-sizes 120 84 --no-anneal-lr
-             --eval-every 500000 --checkpoint-every 0)
-    for envs in 1 8; do
-      dirs=()
-      for r in $(seq 1 "$repeats"); do
-        d="$OUT/dqn-speed-envs$envs-$r"; rm -rf "$d"; dirs+=("$d")
-        "$PYTHON" algos/dqn_prioritized.py "${cleanrl[@]}" --num-envs "$envs" --seed "$r" --run-dir "$d" \
-          > "$d.log" 2>&1 || echo "run $d crashed, see $d.log" >&2
-      done
-      echo; echo "num_envs=$envs"
-      summarise 475 "${dirs[@]}"
-    done
+  full)
+    NSEEDS=${SEEDS:-5}
+    [ -f "$MEDIUM" ] || die "$MEDIUM is missing: make it with the command in README.md (Datasets)"
+    seeds full dqn CartPole-v1 $DQN
+    seeds full dqn Acrobot-v1 $DQN --env-id Acrobot-v1
+    seeds full dqn LunarLander-v3 $DQN --env-id LunarLander-v3 --total-timesteps 500000 \
+      --buffer-size 100000 --eval-every 25000
+    seeds full sac Pendulum-v1 $SAC
+    seeds full sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
+    seeds full sac Hopper-v5 $SAC --env-id Hopper-v5 "${MUJOCO[@]}"
+    seeds full bc pendulum-sac-expert $BC --dataset data/pendulum-sac-expert.hdf5
+    seeds full bc cartpole-dqn-expert $BC --dataset data/cartpole-dqn-expert.hdf5
+    seeds full bc hopper-sac-medium $BC --dataset "$MEDIUM"
     ;;
-  *) usage ;;
+  ablation)
+    NSEEDS=${SEEDS:-5}
+    seeds ablation dqn CartPole-v1 $DQN
+    seeds ablation dqn-no-per CartPole-v1 $DQN --no-prioritized
+    seeds ablation dqn-1step CartPole-v1 $DQN --n-step 1
+    seeds ablation sac Pendulum-v1 $SAC
+    seeds ablation sac-per Pendulum-v1 $SAC --prioritized
+    ;;
+  speed)
+    NSEEDS=${SEEDS:-3} JOBS=1  # timings of parallel runs would measure the contention
+    cleanrl_dqn=(--total-timesteps 500000 --train-frequency 10 --batch-size 128 --buffer-size 10000
+                 --learning-rate 2.5e-4 --target-network-frequency 500 --learning-starts 10000
+                 --exploration-fraction 0.5 --end-e 0.05 --hidden-sizes 120 84 --no-anneal-lr
+                 --eval-every 500000 --checkpoint-every 0)
+    cleanrl_sac=(--total-timesteps 15000 --learning-starts 5000 --batch-size 256 --policy-frequency 2
+                 --target-network-frequency 1 --tau 0.005 --policy-lr 3e-4 --q-lr 1e-3
+                 --hidden-sizes 256 256 --eval-every 15000 --checkpoint-every 0)
+    seeds speed dqn-cleanrl-envs1 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 1
+    seeds speed dqn-cleanrl-envs8 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 8
+    seeds speed sac-cleanrl Pendulum-v1 $SAC "${cleanrl_sac[@]}"
+    wait
+    mkdir -p "$RUNS/speed"
+    "$PYTHON" - "$RUNS/speed/bc-pipeline.json" "$NSEEDS" <<'PY'
+# BC pipeline efficiency: SGD updates/s through the whole input path (cpprb sample, prefetch
+# thread, device_put) over updates/s of the same jitted update on batches already on the device.
+import importlib.util, json, statistics, sys, time
+import jax
+spec = importlib.util.spec_from_file_location("bc_offline", "algos/bc_offline.py")
+bc = importlib.util.module_from_spec(spec); sys.modules["bc_offline"] = bc; spec.loader.exec_module(bc)
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+args = bc.Args(dataset=[bc.DEFAULT_DATASET])
+ds, env_id, mode, out_dim, *_ = bc.load_training_data(args)
+stats = bc.obs_stats(ds.observations, args.normalize_obs)
+policy, optimizer = bc.Policy(out_dim, args.hidden_sizes, mode == "nll"), bc.make_optimizer(args)
+params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
+state = bc.TrainState(params, optimizer.init(params), jax.numpy.zeros((), jax.numpy.int32))
+update = bc.make_update(policy, mode, optimizer, stats)
+replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)
+K, B, CALLS = args.updates_per_call, args.batch_size, 100
+def sample():
+    batch, idx = replay.sample(K * B)
+    return jax.device_put({k: v.reshape((K, B) + v.shape[1:]) for k, v in batch.items()}), idx
+def timed(get):
+    global state
+    start = time.perf_counter()
+    for i in range(CALLS):
+        state, metrics, losses = update(state, get(i)[0])
+    jax.block_until_ready(losses)
+    return CALLS * K / (time.perf_counter() - start)
+resident = [sample() for _ in range(CALLS)]
+timed(lambda i: resident[i])  # compile
+ratios, ups_resident, ups_pipeline = [], [], []
+for _ in range(int(sys.argv[2])):
+    a = timed(lambda i: resident[i])
+    prefetcher = bc.Prefetcher(sample, args.prefetch_size)
+    b = timed(lambda i: prefetcher.get())
+    prefetcher.close()
+    ups_resident.append(a); ups_pipeline.append(b); ratios.append(b / a)
+result = {"dataset": bc.DEFAULT_DATASET, "updates_per_call": K, "batch_size": B,
+          "updates_per_second_resident": statistics.median(ups_resident),
+          "updates_per_second_pipeline": statistics.median(ups_pipeline),
+          "efficiency": statistics.median(ratios), "ratios": ratios}
+json.dump(result, open(sys.argv[1], "w"), indent=2)
+print("BC pipeline efficiency %.3f (median of %s), updates/s %.0f through cpprb + prefetch vs %.0f device-resident"
+      % (result["efficiency"], ", ".join("%.3f" % r for r in ratios), result["updates_per_second_pipeline"],
+         result["updates_per_second_resident"]))
+PY
+    ;;
 esac
+wait
+"$PYTHON" benchmark_summary.py --runs "$RUNS" --out "$OUT"

@@ -1,0 +1,323 @@
+"""Summarise benchmark runs: results/summary.md (tables) and results/*.png (learning curves).
+
+Reads what the runs wrote (eval.csv, args.json, tensorboard events) and re-runs nothing. The
+layout is the one benchmark.sh writes:
+
+    RUNS/<suite>/<config>/<task>/seed<N>/       the script's run dir (--run-dir)
+    RUNS/<suite>/<config>/<task>/seed<N>.log    its stdout and stderr
+    RUNS/<suite>/<config>/<task>/seed<N>.exit   its exit status, written when it ended
+
+<config> is the algorithm and variant (e.g. dqn, dqn-no-per, sac), <task> the env id or the
+dataset name. A run is "crashed" when its exit status is non-zero, "unfinished" when it has no
+exit status and no final model (killed, or still running); such runs are listed, never dropped
+silently, and left out of the statistics.
+
+Per (suite, config, task) the table gives: the final evaluation (the last row of eval.csv: the
+evaluation every script runs when it ends) as mean +- std over seeds with a 95% percentile
+bootstrap CI of that mean (10,000 resamples); the BC normalised score where there is one; steps
+(env steps, or SGD updates for BC) to the first evaluation at or above the task's threshold;
+env steps/s end to end (last logged step over the wall time of the event file, evaluations
+included) and while learning (median over the log windows that did SGD updates), and the median
+SGD updates/s over those windows.
+
+    python benchmark_summary.py [--runs runs/bench] [--out results]
+
+matplotlib is optional (pip install matplotlib): without it the tables are still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import platform
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+# Return thresholds for "steps to threshold": gymnasium's EnvSpec.reward_threshold where it has
+# one; Pendulum-v1 has none, so it gets the -200 bar the SAC issue set. BC runs are measured on
+# the normalised score instead (90 = 90% of the way from a random to the dataset policy).
+RETURN_THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "LunarLander-v3": 200.0,
+                     "Pendulum-v1": -200.0, "HalfCheetah-v5": 4800.0, "Hopper-v5": 3800.0}
+NORMALIZED_SCORE_THRESHOLD = 90.0
+BOOTSTRAP_SAMPLES = 10_000
+
+
+@dataclass
+class Run:
+    suite: str
+    config: str
+    task: str
+    seed: str
+    path: str                       # the run dir (may not exist if the script failed early)
+    status: str                     # "ok", "crashed (exit N)" or "unfinished"
+    env_id: Optional[str] = None
+    curve: List[Tuple[int, float]] = field(default_factory=list)  # (step, eval mean)
+    normalized: List[float] = field(default_factory=list)         # BC: normalised score per eval
+    env_sps: Optional[float] = None
+    learning_sps: Optional[float] = None
+    updates_per_second: Optional[float] = None
+
+    @property
+    def final(self) -> Optional[float]:
+        return self.curve[-1][1] if self.curve else None
+
+    def threshold(self) -> Tuple[Optional[float], str]:
+        if self.normalized:
+            return NORMALIZED_SCORE_THRESHOLD, "normalised score"
+        return RETURN_THRESHOLDS.get(self.env_id or ""), "return"
+
+    def steps_to_threshold(self) -> Optional[int]:
+        bar, kind = self.threshold()
+        if bar is None:
+            return None
+        values = self.normalized if kind == "normalised score" else [v for _, v in self.curve]
+        return next((step for (step, _), v in zip(self.curve, values) if v >= bar), None)
+
+
+def read_eval_csv(path: str) -> Tuple[List[Tuple[int, float]], List[float]]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    curve = [(int(float(r["step"])), float(r["mean"])) for r in rows]
+    normalized = [float(r["normalized_score"]) for r in rows if r.get("normalized_score") not in (None, "")]
+    return curve, normalized if len(normalized) == len(rows) else []
+
+
+def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """(env steps/s end to end, median env steps/s over the log windows that did SGD updates,
+    median SGD updates/s over those windows), from the run's tensorboard event files."""
+    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
+    if not files:
+        return None, None, None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    env_sps, learning_sps, ups = None, [], []
+    for path in files:  # a resumed run has one event file per process
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        sps = {e.step: e.value for e in acc.Scalars("charts/SPS")} if "charts/SPS" in tags else {}
+        if sps:
+            last = acc.Scalars("charts/SPS")[-1]
+            elapsed = last.wall_time - acc.FirstEventTimestamp()
+            env_sps = last.step / elapsed if elapsed > 0 else None
+        for e in acc.Scalars("perf/updates_per_second") if "perf/updates_per_second" in tags else []:
+            if e.value > 0:
+                ups.append(e.value)
+                if e.step in sps:
+                    learning_sps.append(sps[e.step])
+    median = lambda xs: statistics.median(xs) if xs else None
+    return env_sps, median(learning_sps), median(ups)
+
+
+def exit_status(stem: str) -> Optional[int]:
+    try:
+        with open(stem + ".exit") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def load_run(stem: str, root: str) -> Run:
+    """stem = ROOT/<suite>/<config>/<task>/seed<N> (the run dir, without .log/.exit)."""
+    suite, config, task, seed = os.path.relpath(stem, root).split(os.sep)
+    code = exit_status(stem)
+    finished = code == 0 or (code is None and os.path.exists(os.path.join(stem, "model.pkl")))
+    status = "ok" if finished else ("unfinished" if code is None else f"crashed (exit {code})")
+    run = Run(suite, config, task, seed.replace("seed", ""), stem, status)
+    eval_csv = os.path.join(stem, "eval.csv")
+    if status == "ok" and not os.path.exists(eval_csv):
+        run.status = "crashed (no eval.csv)"
+    if run.status != "ok":
+        return run
+    run.curve, run.normalized = read_eval_csv(eval_csv)
+    if not run.curve:
+        run.status = "crashed (empty eval.csv)"
+        return run
+    try:
+        with open(os.path.join(stem, "args.json")) as f:
+            saved = json.load(f)
+        run.env_id = saved.get("args", saved).get("env_id")  # the scripts nest the flags under "args"
+    except (OSError, ValueError):
+        pass
+    run.env_sps, run.learning_sps, run.updates_per_second = read_throughput(stem)
+    return run
+
+
+def discover(root: str) -> List[Run]:
+    stems = set()
+    for pattern in ("seed*", "seed*.log", "seed*.exit"):
+        for path in glob.glob(os.path.join(root, "*", "*", "*", pattern)):
+            stem = path
+            for suffix in (".log", ".exit"):
+                stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
+            stems.add(stem)
+    key = lambda s: [int(p) if p.isdigit() else p for p in s.replace("seed", "seed/").split("/")]
+    return [load_run(stem, root) for stem in sorted(stems, key=key)]
+
+
+def bootstrap_ci(values: List[float], rng: np.random.Generator) -> Tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean over seeds."""
+    x = np.asarray(values, dtype=np.float64)
+    means = x[rng.integers(0, len(x), size=(BOOTSTRAP_SAMPLES, len(x)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def summarise_group(runs: List[Run], rng: np.random.Generator) -> Dict[str, object]:
+    ok = [r for r in runs if r.status == "ok"]
+    finals = [r.final for r in ok]
+    out: Dict[str, object] = {"seeds": len(runs), "ok": len(ok),
+                              "failed": [(r.seed, r.status) for r in runs if r.status != "ok"]}
+    if not ok:
+        return out
+    out["final_mean"] = float(np.mean(finals))
+    out["final_std"] = float(np.std(finals))
+    out["final_ci"] = bootstrap_ci(finals, rng)
+    if all(r.normalized for r in ok):
+        out["normalized_mean"] = float(np.mean([r.normalized[-1] for r in ok]))
+    bar, kind = ok[0].threshold()
+    if bar is not None:
+        hits = [r.steps_to_threshold() for r in ok]
+        reached = [h for h in hits if h is not None]
+        out["threshold"] = (bar, kind)
+        out["reached"] = len(reached)
+        out["steps_to_threshold"] = statistics.median(reached) if reached else None
+    for name in ("env_sps", "learning_sps", "updates_per_second"):
+        values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
+        out[name] = statistics.median(values) if values else None
+    return out
+
+
+def fmt(x: Optional[float], digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def table(suite: str, groups: Dict[Tuple[str, str], List[Run]], rng: np.random.Generator) -> List[str]:
+    lines = ["| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
+             "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for (config, task), runs in groups.items():
+        s = summarise_group(runs, rng)
+        if s["ok"]:
+            final = f"{s['final_mean']:.1f} ± {s['final_std']:.1f}"
+            ci = f"[{s['final_ci'][0]:.1f}, {s['final_ci'][1]:.1f}]"
+            if "threshold" in s:
+                bar, kind = s["threshold"]
+                steps = fmt(s["steps_to_threshold"], 0) if s["reached"] else "not reached"
+                thr = f"{steps} ({s['reached']}/{s['ok']} reach {kind} {bar:g})"
+            else:
+                thr = "-"
+            sps = "-" if s["env_sps"] is None else f"{fmt(s['env_sps'], 0)} / {fmt(s['learning_sps'], 0)}"
+            row = [final, ci, fmt(s.get("normalized_mean")), thr, sps, fmt(s["updates_per_second"], 0)]
+        else:
+            row = ["no finished run", "-", "-", "-", "-", "-"]
+        lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {s['ok']}/{s['seeds']} |")
+        for seed, status in s["failed"]:
+            notes.append(f"- {config} / {task} / seed {seed}: **{status}**, see "
+                         f"`{os.path.join(suite, config, task, 'seed' + seed)}.log`")
+    return lines + ([""] + notes if notes else [])
+
+
+def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> Optional[str]:
+    """Mean eval curve per config over the seeds that finished, band = +- one std over seeds."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    drawn = False
+    for config, runs in groups.items():
+        ok = [r for r in runs if r.status == "ok"]
+        if not ok:
+            continue
+        steps = sorted(set.intersection(*[{s for s, _ in r.curve} for r in ok]))
+        if not steps:
+            continue
+        values = np.array([[dict(r.curve)[s] for s in steps] for r in ok])
+        mean, std = values.mean(axis=0), values.std(axis=0)
+        ax.plot(steps, mean, label=f"{config} ({len(ok)} seeds)")
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    is_bc = all(r.normalized for runs in groups.values() for r in runs if r.status == "ok")
+    ax.set_xlabel("SGD updates" if is_bc else "env steps")
+    ax.set_ylabel("eval return")
+    ax.set_title(f"{suite}: {task}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    name = f"{suite}_{task}.png".replace("/", "_")
+    fig.savefig(os.path.join(out_dir, name), dpi=100)
+    plt.close(fig)
+    return name
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores visible, Python {platform.python_version()}"
+
+
+def write_summary(root: str, out_dir: str) -> str:
+    runs = discover(root)
+    if not runs:
+        raise SystemExit(f"benchmark_summary.py: error: no runs under {root} "
+                         "(expected <suite>/<config>/<task>/seed<N>)")
+    os.makedirs(out_dir, exist_ok=True)
+    rng = np.random.default_rng(0)
+    lines = ["# Benchmark summary", "",
+             f"Made by `benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
+             "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
+             "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std.", ""]
+    for suite in sorted({r.suite for r in runs}):
+        in_suite = [r for r in runs if r.suite == suite]
+        groups: Dict[Tuple[str, str], List[Run]] = {}
+        for r in in_suite:
+            groups.setdefault((r.config, r.task), []).append(r)
+        lines += [f"## {suite}", ""] + table(suite, groups, rng) + [""]
+        pipeline = os.path.join(root, suite, "bc-pipeline.json")
+        if os.path.exists(pipeline):  # written by `benchmark.sh speed`
+            with open(pipeline) as f:
+                p = json.load(f)
+            lines += [f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
+                      f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
+                      f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
+                      f"{p['updates_per_second_resident']:,.0f} on device-resident batches.", ""]
+        for task in dict.fromkeys(r.task for r in in_suite):
+            by_config = {c: rs for (c, t), rs in groups.items() if t == task}
+            name = plot(suite, task, by_config, out_dir)
+            if name:
+                lines += [f"![{suite} {task}]({name})", ""]
+    path = os.path.join(out_dir, "summary.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", default="runs/bench", help="root of the benchmark runs")
+    parser.add_argument("--out", default="results", help="where summary.md and the plots go")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.runs):
+        raise SystemExit(f"benchmark_summary.py: error: {args.runs} is not a directory")
+    print(write_summary(args.runs, args.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

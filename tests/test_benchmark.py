@@ -1,0 +1,136 @@
+"""benchmark.sh argument checks and benchmark_summary.py on tiny runs made here."""
+
+import csv
+import glob
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+
+BENCH = os.path.join(ROOT, "benchmark.sh")
+
+
+def load_summary():
+    spec = importlib.util.spec_from_file_location("benchmark_summary", os.path.join(ROOT, "benchmark_summary.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_summary"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench(*argv, **kw):
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(["bash", BENCH, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no mode given"),
+    (["bogus"], "unknown mode 'bogus'"),
+    (["quick", "full"], "one mode at a time"),
+    (["-j", "0", "quick"], "-j needs a positive whole number, got '0'"),
+    (["-j"], "-j needs a value"),
+    (["--seeds", "x", "quick"], "--seeds needs a positive whole number, got 'x'"),
+    (["--seeds", "-3", "quick"], "--seeds needs a positive whole number"),
+    (["--frob", "quick"], "unknown option '--frob'"),
+])
+def test_benchmark_sh_rejects_bad_arguments(argv, message, tmp_path):
+    result = bench("--runs", str(tmp_path / "runs"), *argv)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("benchmark.sh: error:") and message in last, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists(), "nothing may run on bad arguments"
+
+
+def test_summary_of_an_empty_folder_is_one_clear_error(tmp_path):
+    result = bench("summary", "--runs", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode != 0
+    assert "no runs under" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bootstrap_ci_brackets_the_mean():
+    summary = load_summary()
+    rng = np.random.default_rng(0)
+    assert summary.bootstrap_ci([3.0, 3.0, 3.0], rng) == (3.0, 3.0)
+    values = [100.0, 200.0, 300.0, 400.0, 500.0]
+    low, high = summary.bootstrap_ci(values, rng)
+    assert min(values) <= low < np.mean(values) < high <= max(values)
+    # Half the spread gives half the interval around the same mean (the bootstrap is linear in x).
+    low2, high2 = summary.bootstrap_ci([(v + 300.0) / 2 for v in values], np.random.default_rng(0))
+    low1, high1 = summary.bootstrap_ci(values, np.random.default_rng(0))
+    assert np.isclose(low2, (low1 + 300) / 2) and np.isclose(high2, (high1 + 300) / 2)
+
+
+def make_run(stem, script, *flags):
+    """What benchmark.sh's run() does: run dir, .log, .exit."""
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    with open(stem + ".log", "w") as log:
+        rc = subprocess.run([sys.executable, os.path.join(ROOT, "algos", script), *flags, "--run-dir", stem],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=300).returncode
+    with open(stem + ".exit", "w") as f:
+        f.write(f"{rc}\n")
+    return rc
+
+
+def eval_rows(stem):
+    with open(os.path.join(stem, "eval.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    dqn = ["--total-timesteps", "3000", "--learning-starts", "500", "--eval-every", "1000",
+           "--eval-episodes", "2", "--log-every", "500", "--updates-per-call", "4", "--checkpoint-every", "0"]
+    stems = [str(runs / "tiny" / "dqn" / "CartPole-v1" / f"seed{s}") for s in (1, 2, 3)]
+    assert make_run(stems[0], "dqn_prioritized.py", "--seed", "1", *dqn) == 0
+    assert make_run(stems[1], "dqn_prioritized.py", "--seed", "2", *dqn) == 0
+    assert make_run(stems[2], "dqn_prioritized.py", "--seed", "3", *dqn, "--batch-size", "0") == 2
+    unfinished = runs / "tiny" / "dqn" / "CartPole-v1" / "seed4"
+    unfinished.mkdir()  # started, never ended: no exit status, no model
+    bc_stem = str(runs / "tiny" / "bc" / "pendulum-sac-expert" / "seed1")
+    assert make_run(bc_stem, "bc_offline.py", "--total-updates", "200", "--updates-per-call", "50",
+                    "--eval-every", "100", "--eval-episodes", "2", "--log-every", "50") == 0
+
+    result = bench("summary", "--runs", str(runs), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    text = (out / "summary.md").read_text()
+
+    # DQN row: final eval = last eval.csv row of each finished seed; mean and std over seeds.
+    finals = [float(eval_rows(s)[-1]["mean"]) for s in stems[:2]]
+    row = next(line for line in text.splitlines() if line.startswith("| dqn | CartPole-v1 |"))
+    assert f"{np.mean(finals):.1f} ± {np.std(finals):.1f}" in row
+    assert row.rstrip().endswith("| 2/4 |")
+    assert "seed 3: **crashed (exit 2)**" in text and "seed 4: **unfinished**" in text
+
+    summary = load_summary()
+    loaded = {r.path: r for r in summary.discover(str(runs))}
+    assert [r.status for r in (loaded[s] for s in stems)] == ["ok", "ok", "crashed (exit 2)"]
+    for stem in stems[:2]:
+        run = loaded[stem]
+        assert run.curve == [(int(r["step"]), float(r["mean"])) for r in eval_rows(stem)]
+        assert run.env_id == "CartPole-v1"
+        # Throughput read back equals what the run logged to tensorboard.
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        acc = EventAccumulator(glob.glob(os.path.join(stem, "events.out.tfevents.*"))[0])
+        acc.Reload()
+        logged = [e.value for e in acc.Scalars("perf/updates_per_second") if e.value > 0]
+        assert run.updates_per_second == pytest.approx(statistics.median(logged))
+        sps = acc.Scalars("charts/SPS")
+        assert run.env_sps == pytest.approx(sps[-1].step / (sps[-1].wall_time - acc.FirstEventTimestamp()))
+
+    # BC row: the normalised score column is the last eval's score.
+    bc = loaded[bc_stem]
+    assert bc.status == "ok" and bc.normalized == [float(r["normalized_score"]) for r in eval_rows(bc_stem)]
+    row = next(line for line in text.splitlines() if line.startswith("| bc | pendulum-sac-expert |"))
+    assert f"| {bc.normalized[-1]:,.1f} |" in row and row.rstrip().endswith("| 1/1 |")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (out / "tiny_CartPole-v1.png").stat().st_size > 0 and "(tiny_CartPole-v1.png)" in text
