@@ -8,8 +8,8 @@
 #   full      the README's table: DQN CartPole-v1, Acrobot-v1, LunarLander-v3; SAC Pendulum-v1,
 #             HalfCheetah-v5, Hopper-v5 (100k steps); BC on the shipped datasets and
 #             data/hopper-sac-medium.hdf5; 5 seeds
-#   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1
-#             PER off/on; 5 seeds
+#   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
+#             HalfCheetah-v5 PER off/on; BC on the shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
 #             SAC sac_continuous_action.py Pendulum) and BC's pipeline efficiency; runs one at
 #             a time whatever -j says; 3 repeats
@@ -109,6 +109,12 @@ case "$MODE" in
     seeds ablation dqn-1step CartPole-v1 $DQN --n-step 1
     seeds ablation sac Pendulum-v1 $SAC
     seeds ablation sac-per Pendulum-v1 $SAC --prioritized
+    seeds ablation sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
+    seeds ablation sac-per HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized
+    for d in pendulum-sac-expert cartpole-dqn-expert; do
+      seeds ablation bc $d $BC --dataset data/$d.hdf5
+      seeds ablation bc-per $d $BC --dataset data/$d.hdf5 --prioritized
+    done
     ;;
   speed)
     NSEEDS=${SEEDS:-3} JOBS=1  # timings of parallel runs would measure the contention
