@@ -4,12 +4,12 @@
 #   ./benchmark.sh [-j N] [--seeds N] [--force] [--runs DIR] [--out DIR] MODE
 #
 #   quick     minutes on a CPU: default flags of each script on its default task
-#             (DQN CartPole-v1, SAC Pendulum-v1, BC on both shipped datasets); 3 seeds
+#             (DQN CartPole-v1, SAC Pendulum-v1, BC on the Pendulum and CartPole datasets); 3 seeds
 #   full      the README's table: DQN CartPole-v1, Acrobot-v1, LunarLander-v3; SAC Pendulum-v1,
-#             HalfCheetah-v5, Hopper-v5 (100k steps); BC on the shipped datasets and
-#             data/hopper-sac-medium.hdf5; 5 seeds
+#             HalfCheetah-v5, Hopper-v5 (100k steps); BC on the three shipped datasets
+#             (expert Pendulum and CartPole, medium HalfCheetah); 5 seeds
 #   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
-#             HalfCheetah-v5 PER off/on; BC on the shipped datasets PER off/on; 5 seeds
+#             HalfCheetah-v5 PER off/on; BC on the three shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
 #             SAC sac_continuous_action.py Pendulum) and BC's pipeline efficiency; runs one at
 #             a time whatever -j says; 3 repeats
@@ -79,7 +79,7 @@ seeds() {
 
 DQN=dqn_prioritized.py SAC=sac.py BC=bc_offline.py
 MUJOCO=(--total-timesteps 100000 --learning-starts 5000 --eval-every 10000)
-MEDIUM=data/hopper-sac-medium.hdf5
+MEDIUM=data/halfcheetah-sac-medium.hdf5
 case "$MODE" in
   quick)
     NSEEDS=${SEEDS:-3}
@@ -100,7 +100,7 @@ case "$MODE" in
     seeds full sac Hopper-v5 $SAC --env-id Hopper-v5 "${MUJOCO[@]}"
     seeds full bc pendulum-sac-expert $BC --dataset data/pendulum-sac-expert.hdf5
     seeds full bc cartpole-dqn-expert $BC --dataset data/cartpole-dqn-expert.hdf5
-    seeds full bc hopper-sac-medium $BC --dataset "$MEDIUM"
+    seeds full bc halfcheetah-sac-medium $BC --dataset "$MEDIUM"
     ;;
   ablation)
     NSEEDS=${SEEDS:-5}
@@ -111,7 +111,7 @@ case "$MODE" in
     seeds ablation sac-per Pendulum-v1 $SAC --prioritized
     seeds ablation sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
     seeds ablation sac-per HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized
-    for d in pendulum-sac-expert cartpole-dqn-expert; do
+    for d in pendulum-sac-expert cartpole-dqn-expert halfcheetah-sac-medium; do
       seeds ablation bc $d $BC --dataset data/$d.hdf5
       seeds ablation bc-per $d $BC --dataset data/$d.hdf5 --prioritized
     done

@@ -26,7 +26,7 @@ def test_sac_default_run_reaches_pendulum_threshold(tmp_path):
     assert result["eval_mean"] >= -200, result
 
 
-@pytest.mark.parametrize("name", ["pendulum-sac-expert.hdf5", "cartpole-dqn-expert.hdf5"])
+@pytest.mark.parametrize("name", ["pendulum-sac-expert.hdf5", "cartpole-dqn-expert.hdf5", "halfcheetah-sac-medium.hdf5"])
 def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     bc = load_script("bc_offline")
     path = os.path.join(ROOT, "data", name)
