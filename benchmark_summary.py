@@ -33,6 +33,7 @@ import glob
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -158,8 +159,10 @@ def discover(root: str) -> List[Run]:
             for suffix in (".log", ".exit"):
                 stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
             stems.add(stem)
-    key = lambda s: [int(p) if p.isdigit() else p for p in s.replace("seed", "seed/").split("/")]
-    return [load_run(stem, root) for stem in sorted(stems, key=key)]
+    def order(stem):  # by suite, config, task, then seed as a number (seed2 before seed10)
+        *names, seed = os.path.relpath(stem, root).split(os.sep)
+        return names, int(re.sub(r"\D", "", seed) or 0)
+    return [load_run(stem, root) for stem in sorted(stems, key=order)]
 
 
 def bootstrap_ci(values: List[float], rng: np.random.Generator) -> Tuple[float, float]:
@@ -203,7 +206,9 @@ def table(suite: str, groups: Dict[Tuple[str, str], List[Run]], rng: np.random.G
              "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
              "|---|---|---|---|---|---|---|---|---|"]
     notes = []
-    for (config, task), runs in groups.items():
+    # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0].split("-")[0], kv[0][1], kv[0][0]))
+    for (config, task), runs in ordered:
         s = summarise_group(runs, rng)
         if s["ok"]:
             final = f"{s['final_mean']:.1f} ± {s['final_std']:.1f}"
