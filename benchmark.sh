@@ -11,8 +11,8 @@
 #   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
 #             HalfCheetah-v5 PER off/on; BC on the three shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
-#             SAC sac_continuous_action.py Pendulum) and BC's pipeline efficiency; runs one at
-#             a time whatever -j says; 3 repeats
+#             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
+#             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
@@ -128,12 +128,16 @@ case "$MODE" in
     seeds speed dqn-cleanrl-envs1 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 1
     seeds speed dqn-cleanrl-envs8 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 8
     seeds speed sac-cleanrl Pendulum-v1 $SAC "${cleanrl_sac[@]}"
+    # MuJoCo: the SAC defaults for 10k learning steps, long enough for the learning-phase rate.
+    mujoco_speed=(--total-timesteps 15000 --learning-starts 5000 --eval-every 15000 --checkpoint-every 0)
+    seeds speed sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${mujoco_speed[@]}"
+    seeds speed sac Hopper-v5 $SAC --env-id Hopper-v5 "${mujoco_speed[@]}"
     wait
     mkdir -p "$RUNS/speed"
     "$PYTHON" - "$RUNS/speed/bc-pipeline.json" "$NSEEDS" <<'PY'
 # BC pipeline efficiency: SGD updates/s through the whole input path (cpprb sample, prefetch
 # thread, device_put) over updates/s of the same jitted update on batches already on the device.
-import importlib.util, json, statistics, sys, time
+import importlib.util, json, os, statistics, sys, time
 import jax
 spec = importlib.util.spec_from_file_location("bc_offline", "algos/bc_offline.py")
 bc = importlib.util.module_from_spec(spec); sys.modules["bc_offline"] = bc; spec.loader.exec_module(bc)
@@ -166,7 +170,7 @@ for _ in range(int(sys.argv[2])):
     b = timed(lambda i: prefetcher.get())
     prefetcher.close()
     ups_resident.append(a); ups_pipeline.append(b); ratios.append(b / a)
-result = {"dataset": bc.DEFAULT_DATASET, "updates_per_call": K, "batch_size": B,
+result = {"dataset": os.path.relpath(bc.DEFAULT_DATASET), "updates_per_call": K, "batch_size": B,
           "updates_per_second_resident": statistics.median(ups_resident),
           "updates_per_second_pipeline": statistics.median(ups_pipeline),
           "efficiency": statistics.median(ratios), "ratios": ratios}

@@ -135,7 +135,8 @@ class Args:
     """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
     prioritized: bool = False
     """prioritized replay (off by default: on Pendulum it learned slower early and ended level,
-    see README); --no-prioritized samples uniformly through the same code (alpha = 0)"""
+    on HalfCheetah-v5 it ended lower; see README); --no-prioritized samples uniformly through
+    the same code (alpha = 0)"""
     per_alpha: float = 0.6
     """priority exponent alpha (0 is uniform)"""
     per_beta0: float = 0.4
