@@ -172,7 +172,7 @@ def bootstrap_ci(values: List[float], rng: np.random.Generator) -> Tuple[float, 
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def summarise_group(runs: List[Run], rng: np.random.Generator) -> Dict[str, object]:
+def summarise_group(runs: List[Run]) -> Dict[str, object]:
     ok = [r for r in runs if r.status == "ok"]
     finals = [r.final for r in ok]
     out: Dict[str, object] = {"seeds": len(runs), "ok": len(ok),
@@ -181,7 +181,7 @@ def summarise_group(runs: List[Run], rng: np.random.Generator) -> Dict[str, obje
         return out
     out["final_mean"] = float(np.mean(finals))
     out["final_std"] = float(np.std(finals))
-    out["final_ci"] = bootstrap_ci(finals, rng)
+    out["final_ci"] = bootstrap_ci(finals, np.random.default_rng(0))  # same runs, same interval
     if all(r.normalized for r in ok):
         out["normalized_mean"] = float(np.mean([r.normalized[-1] for r in ok]))
     bar, kind = ok[0].threshold()
@@ -201,7 +201,7 @@ def fmt(x: Optional[float], digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-def table(suite: str, groups: Dict[Tuple[str, str], List[Run]], rng: np.random.Generator) -> List[str]:
+def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     lines = ["| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
              "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -209,7 +209,7 @@ def table(suite: str, groups: Dict[Tuple[str, str], List[Run]], rng: np.random.G
     # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0].split("-")[0], kv[0][1], kv[0][0]))
     for (config, task), runs in ordered:
-        s = summarise_group(runs, rng)
+        s = summarise_group(runs)
         if s["ok"]:
             final = f"{s['final_mean']:.1f} ± {s['final_std']:.1f}"
             ci = f"[{s['final_ci'][0]:.1f}, {s['final_ci'][1]:.1f}]"
@@ -284,7 +284,6 @@ def write_summary(root: str, out_dir: str) -> str:
         raise SystemExit(f"benchmark_summary.py: error: no runs under {root} "
                          "(expected <suite>/<config>/<task>/seed<N>)")
     os.makedirs(out_dir, exist_ok=True)
-    rng = np.random.default_rng(0)
     lines = ["# Benchmark summary", "",
              f"Made by `benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
              "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
@@ -294,7 +293,7 @@ def write_summary(root: str, out_dir: str) -> str:
         groups: Dict[Tuple[str, str], List[Run]] = {}
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
-        lines += [f"## {suite}", ""] + table(suite, groups, rng) + [""]
+        lines += [f"## {suite}", ""] + table(suite, groups) + [""]
         pipeline = os.path.join(root, suite, "bc-pipeline.json")
         if os.path.exists(pipeline):  # written by `benchmark.sh speed`
             with open(pipeline) as f:
