@@ -75,10 +75,10 @@ class Run:
         return RETURN_THRESHOLDS.get(self.env_id or ""), "return"
 
     def steps_to_threshold(self) -> Optional[int]:
-        bar, kind = self.threshold()
+        bar, _ = self.threshold()
         if bar is None:
             return None
-        values = self.normalized if kind == "normalised score" else [v for _, v in self.curve]
+        values = self.normalized or [v for _, v in self.curve]
         return next((step for (step, _), v in zip(self.curve, values) if v >= bar), None)
 
 
@@ -98,22 +98,24 @@ def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Opt
         return None, None, None
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    env_sps, learning_sps, ups = None, [], []
-    for path in files:  # a resumed run has one event file per process
+    last_step, elapsed, learning_sps, ups = None, 0.0, [], []
+    # A resumed run has one event file per process: its steps over the time the processes ran,
+    # not counting the gap between them.
+    for path in files:
         acc = EventAccumulator(path, size_guidance={"scalars": 0})
         acc.Reload()
         tags = acc.Tags()["scalars"]
         sps = {e.step: e.value for e in acc.Scalars("charts/SPS")} if "charts/SPS" in tags else {}
         if sps:
             last = acc.Scalars("charts/SPS")[-1]
-            elapsed = last.wall_time - acc.FirstEventTimestamp()
-            env_sps = last.step / elapsed if elapsed > 0 else None
+            last_step, elapsed = last.step, elapsed + last.wall_time - acc.FirstEventTimestamp()
         for e in acc.Scalars("perf/updates_per_second") if "perf/updates_per_second" in tags else []:
             if e.value > 0:
                 ups.append(e.value)
                 if e.step in sps:
                     learning_sps.append(sps[e.step])
     median = lambda xs: statistics.median(xs) if xs else None
+    env_sps = last_step / elapsed if last_step is not None and elapsed > 0 else None
     return env_sps, median(learning_sps), median(ups)
 
 
@@ -244,10 +246,11 @@ def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> O
         ok = [r for r in runs if r.status == "ok"]
         if not ok:
             continue
-        steps = sorted(set.intersection(*[{s for s, _ in r.curve} for r in ok]))
+        curves = [dict(r.curve) for r in ok]
+        steps = sorted(set.intersection(*map(set, curves)))  # evaluated by every seed
         if not steps:
             continue
-        values = np.array([[dict(r.curve)[s] for s in steps] for r in ok])
+        values = np.array([[curve[s] for s in steps] for curve in curves])
         mean, std = values.mean(axis=0), values.std(axis=0)
         ax.plot(steps, mean, label=f"{config} ({len(ok)} seeds)")
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2)

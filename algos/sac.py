@@ -135,8 +135,8 @@ class Args:
     """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
     prioritized: bool = False
     """prioritized replay (off by default: it ended level with uniform on Pendulum-v1 and
-    HalfCheetah-v5, 5 seeds each, and learned Pendulum slower early; see README);
-    --no-prioritized samples uniformly through the same code (alpha = 0)"""
+    HalfCheetah-v5, 5 seeds each; see README); --no-prioritized samples uniformly through the
+    same code (alpha = 0)"""
     per_alpha: float = 0.6
     """priority exponent alpha (0 is uniform)"""
     per_beta0: float = 0.4
