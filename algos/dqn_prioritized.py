@@ -61,6 +61,7 @@ if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
 
 import csv
 import dataclasses
+import functools
 import json
 import pickle
 import queue
@@ -69,7 +70,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -89,7 +90,11 @@ CHECKPOINT_FORMAT = f"{SCRIPT}/1"
 @dataclass
 class Args:
     env_id: str = "CartPole-v1"
-    """gymnasium id of an environment with a Discrete action space and vector observations"""
+    """gymnasium id of an environment with a Discrete action space; vector observations get the
+    MLP, image observations (e.g. ALE/Breakout-v5) the Atari preprocessing and the Nature CNN"""
+    preset: Optional[Literal["atari"]] = None
+    """'atari': start from the PER paper's Atari hyper-parameters (ATARI_PRESET below) instead of
+    these defaults; flags given alongside still override them (see --preset atari --help)"""
     seed: int = 1
     """seed of the training envs, the eval env, the network and the exploration"""
     total_timesteps: int = 100_000
@@ -97,9 +102,11 @@ class Args:
     num_envs: int = 1
     """parallel environments (gymnasium's synchronous vector env)"""
     hidden_sizes: Tuple[int, ...] = (120, 84)
-    """widths of the MLP's hidden layers"""
+    """widths of the hidden layers of the MLP (after the convolutions for image observations)"""
     learning_rate: float = 1e-3
     """Adam's learning rate"""
+    adam_eps: float = 1e-8
+    """Adam's epsilon"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over training, which steadies the final policy"""
     max_grad_norm: float = 10.0
@@ -115,7 +122,13 @@ class Args:
     huber_delta: float = 1.0
     """Huber loss threshold; a large value gives the squared error"""
     clip_reward: Optional[float] = None
-    """clip each per-step reward to [-c, c] before the n-step sum (the DQN paper used 1)"""
+    """clip each per-step reward to [-c, c] before the n-step sum (the DQN paper used 1); the
+    logged and evaluated returns are always the env's own"""
+    terminal_on_life_loss: bool = True
+    """for envs that report info["lives"] (ALE): a lost life ends the return for learning (no
+    bootstrap) while the game plays on; evaluation always plays whole games"""
+    max_episode_frames: int = 108_000
+    """ALE only: emulator frames after which an episode is truncated (108k = 30 minutes)"""
     tau: float = 1.0
     """target-network update rate: 1 copies the online net, < 1 is a Polyak average"""
     target_network_frequency: int = 500
@@ -172,6 +185,32 @@ class Args:
     """epsilon of the policy that collects the dataset (0: expert data; larger: noisier data)"""
 
 
+# --preset atari: the proportional variant of the PER paper (Schaul et al. 2016, Appendix B),
+# which kept the rest of tuned Double DQN (van Hasselt et al. 2016), itself Nature DQN (Mnih et
+# al. 2015) with a few changes. One agent step is 4 frames.
+ATARI_PRESET = dict(
+    total_timesteps=50_000_000,     # 200M frames, as in all three papers
+    buffer_size=1_000_000,          # Nature DQN's replay memory
+    learning_rate=6.25e-5,          # PER: tuned Double DQN's 2.5e-4 / 4 ("step-size reduced by 4")
+    anneal_lr=False,                # all three papers: constant step size
+    adam_eps=1.5e-4,                # the papers used RMSProp; Adam at this lr and eps is Rainbow's
+    batch_size=32,                  # Nature DQN
+    train_frequency=4,              # Nature DQN: one update per 4 agent steps
+    learning_starts=50_000,         # Nature DQN's replay start size
+    target_network_frequency=7_500,  # tuned Double DQN: a copy every 30k agent steps = 7.5k updates
+    n_step=1,                       # the PER paper used one-step targets (Rainbow: 3)
+    clip_reward=1.0,                # Nature DQN
+    hidden_sizes=(512,),            # Nature DQN's fully connected layer
+    end_e=0.01,                     # tuned Double DQN (Nature: 0.1) ...
+    exploration_fraction=0.02,      # ... reached after 1M agent steps (of 50M)
+    eval_epsilon=0.001,             # tuned Double DQN's evaluation epsilon (Nature: 0.05)
+    eval_every=250_000,             # 1M frames
+    eval_episodes=8,
+    checkpoint_every=1_000_000,     # a checkpoint with replay is ~7 GB: not too often
+    log_every=10_000,
+)  # per_alpha 0.6, per_beta0 0.4 -> 1, gamma 0.99, Huber delta 1, 4-frame stacks: the defaults
+
+
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
@@ -195,7 +234,7 @@ def check_args(args: Args) -> None:
     for name in ("start_e", "end_e", "eval_epsilon", "per_beta0", "dataset_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("learning_rate", "max_grad_norm", "huber_delta", "per_eps"):
+    for name in ("learning_rate", "adam_eps", "max_grad_norm", "huber_delta", "per_eps", "max_episode_frames"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.per_alpha < 0:
@@ -214,7 +253,30 @@ def check_args(args: Args) -> None:
 # Environment
 # ---------------------------------------------------------------------------------------------
 
-def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+FRAME_STACK = 4  # frames per image observation (Nature DQN)
+
+
+def is_image(space: gym.Space) -> bool:
+    """Images are told apart from vectors by the observation space, never by the env's name."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
+
+
+def image_wrappers(probe: gym.Env) -> list:
+    """84x84 grey frames stacked by 4 (Nature DQN). ALE games get gymnasium's AtariPreprocessing:
+    up to 30 no-op actions at reset, each action repeated for 4 frames with the max of the last two
+    (Atari sprites flicker), grey and resized. Lives are read from info["lives"] by the training
+    loop instead of the wrapper's terminal_on_life_loss, which would reset the whole game at every
+    lost life under autoreset. Other image envs are only made grey, resized and stacked."""
+    from gymnasium import wrappers
+
+    if hasattr(probe.unwrapped, "ale"):
+        first = [lambda env: wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)]
+    else:
+        first = [wrappers.GrayscaleObservation, lambda env: wrappers.ResizeObservation(env, (84, 84))]
+    return first + [lambda env: wrappers.FrameStackObservation(env, FRAME_STACK)]
+
+
+def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> gym.vector.VectorEnv:
     """A synchronous vector env in SAME_STEP autoreset mode, checked for what DQN can handle.
 
     SAME_STEP: the step that ends an episode returns the first observation of the next one and
@@ -222,20 +284,32 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     spend one extra step per episode on a reset whose transition must be thrown away.
     """
     try:
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+        import ale_py  # ALE ids are registered by importing ale_py (gymnasium 1.x has no plugins)
+
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
+    try:
+        probe = gym.make(env_id)
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        envs.close()
-        raise ConfigError(f"{env_id} has a {type(envs.single_action_space).__name__} action space; "
-                          "DQN needs Discrete actions (use algos/sac.py for continuous control)")
-    space = envs.single_observation_space
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        envs.close()
-        raise ConfigError(f"{env_id} has observations {space}; this script takes flat vector "
-                          "observations (image observations are not supported yet)")
-    return envs
+    try:
+        action_space, space = probe.action_space, probe.observation_space
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"{env_id} has a {type(action_space).__name__} action space; "
+                              "DQN needs Discrete actions (use algos/sac.py for continuous control)")
+        wrappers, kwargs = [], {}
+        if is_image(space):
+            wrappers = image_wrappers(probe)
+            if hasattr(probe.unwrapped, "ale"):  # AtariPreprocessing skips the frames itself
+                kwargs = {"frameskip": 1, "max_num_frames_per_episode": max_episode_frames}
+        elif not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            raise ConfigError(f"{env_id} has observations {space}; this script takes flat vectors "
+                              "or uint8 images")
+    finally:
+        probe.close()
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
 
 
 def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
@@ -243,6 +317,15 @@ def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
     envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     return obs
+
+
+def lost_life(info: dict, lives: Optional[np.ndarray], done: np.ndarray) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """(envs whose game lost a life this step without ending, the lives now). The count of a
+    finished env is already the next game's, so done envs never count as a loss."""
+    if "lives" not in info:
+        return np.zeros_like(done), None
+    now = np.asarray(info["lives"])
+    return (now < lives) & ~done if lives is not None else np.zeros_like(done), now
 
 
 def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
@@ -261,12 +344,21 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
 # ---------------------------------------------------------------------------------------------
 
 class QNetwork(nn.Module):
+    """Q(s, .): an MLP on vectors; on stacked frames [B, stack, H, W] the convolutions of the Nature
+    DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari)."""
     num_actions: int
     hidden_sizes: Tuple[int, ...]
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = obs.astype(jnp.float32)
+        if obs.ndim == 4:
+            # uint8 in, scaled here: the replay and the device transfer carry bytes, not floats.
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+            for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+                x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
+            x = x.reshape((x.shape[0], -1))
+        else:
+            x = obs.astype(jnp.float32)
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(width)(x))
         return nn.Dense(self.num_actions)(x)
@@ -350,6 +442,73 @@ class NStepAssembler:
         return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
+class FrameStore:
+    """Image observations kept once per frame; the replay rows hold frame numbers.
+
+    A stacked observation shares 3 of its 4 frames with the next one, and s'_t is s_{t+1}, so
+    storing obs and next_obs as pixels keeps every frame 8 times (56 KB per 84x84 transition).
+    Here each frame is written once into a ring, frame number f in slot f % capacity, and the
+    n-step assembler and cpprb carry the 4 frame numbers of obs and next_obs instead of pixels
+    (64 bytes). Per env step one frame is written (the newest of the stack the step led to); a
+    new episode writes all frames of its first stack, so a stack is exact whatever its padding.
+    n-step, several envs and episode ends need nothing special: every stored stack names its
+    own frames. (cpprb's own stack_compress and next_of would need consecutive rows to be
+    consecutive steps of one env, and next_of yields s_{t+1}, not the s_{t+n} of an n-step row.)
+
+    The ring holds a margin beyond the replay's capacity because new episodes write extra
+    frames. A row whose oldest frame has been overwritten anyway (many very short episodes) is
+    detected when read, never returned: `written` is advanced before a frame is copied in, so a
+    reader that checks it after its copy knows which frames could have changed underneath it.
+    """
+
+    def __init__(self, capacity: int, num_envs: int, frame_shape):
+        self.capacity = capacity
+        self.frames = np.zeros((capacity,) + tuple(frame_shape), np.uint8)  # pages fill as written
+        self.written = 0
+        self.stack = np.zeros((num_envs, FRAME_STACK), np.int64)  # frame numbers of each env's obs
+
+    @staticmethod
+    def capacity_for(buffer_size: int, num_envs: int, n_step: int, stage_rows: int) -> int:
+        """Frames for `buffer_size` rows: one per row, 10% for the extra frames of new episodes
+        (episodes of 40+ steps), and the frames of stacks written before their rows reach cpprb
+        (the n-step delay and the rows staged before an insert)."""
+        return buffer_size + buffer_size // 10 + FRAME_STACK * num_envs * (n_step + 2) + stage_rows
+
+    def _write(self, frames: np.ndarray) -> np.ndarray:
+        numbers = self.written + np.arange(len(frames))
+        self.written += len(frames)  # first: a concurrent reader must treat these slots as changing
+        self.frames[numbers % self.capacity] = frames
+        return numbers
+
+    def start(self, obs: np.ndarray, envs: np.ndarray) -> None:
+        """New episodes in `envs` begin with observations obs[envs]."""
+        numbers = self._write(obs[envs].reshape((-1,) + self.frames.shape[1:]))
+        self.stack[envs] = numbers.reshape(len(envs), FRAME_STACK)
+
+    def step(self, real_next_obs: np.ndarray, next_obs: np.ndarray, done: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Frame numbers of (the stacks each step led to, the stacks the envs now show): they
+        differ where an episode ended and the env has already reset."""
+        newest = self._write(real_next_obs[:, -1])
+        reached = np.concatenate([self.stack[:, 1:], newest[:, None]], axis=1)
+        self.stack = reached.copy()
+        if done.any():
+            self.start(next_obs, np.flatnonzero(done))
+        return reached, self.stack.copy()
+
+    def read(self, numbers: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(frames of each stack of frame numbers [..., stack], whether each stack is intact)."""
+        pixels = self.frames[numbers % self.capacity]
+        intact = numbers.min(axis=-1) >= self.written - self.capacity
+        return pixels, intact
+
+    def state_dict(self) -> dict:
+        return {"frames": self.frames[:min(self.written, self.capacity)], "written": self.written}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.frames[:len(state["frames"])] = state["frames"]
+        self.written = int(state["written"])
+
+
 class PrioritizedReplay:
     """cpprb's PrioritizedReplayBuffer, made safe for the three threads that touch it.
 
@@ -366,8 +525,11 @@ class PrioritizedReplay:
 
     STAGE_ROWS = 128
 
-    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float):
-        self.capacity = capacity
+    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float,
+                 frames: Optional[FrameStore] = None):
+        self.capacity, self.frames = capacity, frames
+        if frames is not None:  # rows hold the frame numbers of the two stacks
+            obs_shape, obs_dtype = (FRAME_STACK,), np.int64
         shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (),
                   "discount": ()}
         dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64, "reward": np.float32,
@@ -380,6 +542,7 @@ class PrioritizedReplay:
         self.beta = 0.4  # set by the main loop; read by whoever samples
         self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], dtypes[k]) for k in shapes}
         self.staged = 0
+        self.redrawn = 0
 
     def add(self, batch: Optional[dict]) -> None:
         if batch is None:
@@ -407,8 +570,7 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
+    def _sample_rows(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
         with self.lock:
             batch = self.buffer.sample(batch_size, beta=self.beta)
             indexes = batch.pop("indexes").astype(np.int64)
@@ -416,6 +578,31 @@ class PrioritizedReplay:
         batch["action"] = batch["action"].reshape(-1)
         for key in ("reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1).astype(np.float32)
+        return batch, indexes, stamps
+
+    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """(batch with IS 'weights', slot indexes, their write counts) at the current beta.
+
+        With a FrameStore the frame numbers become pixels here, on the prefetch thread; a row
+        whose frames were overwritten is replaced by a fresh draw (counted in self.redrawn)."""
+        batch, indexes, stamps = self._sample_rows(batch_size)
+        if self.frames is None:
+            return batch, indexes, stamps
+        shape = (batch_size, FRAME_STACK) + self.frames.frames.shape[1:]
+        pixels = {"obs": np.empty(shape, np.uint8), "next_obs": np.empty(shape, np.uint8)}
+        todo = np.arange(batch_size)
+        while todo.size:
+            obs, obs_ok = self.frames.read(batch["obs"][todo])
+            next_obs, next_ok = self.frames.read(batch["next_obs"][todo])
+            ok = obs_ok & next_ok
+            pixels["obs"][todo[ok]], pixels["next_obs"][todo[ok]] = obs[ok], next_obs[ok]
+            todo = todo[~ok]
+            if todo.size:
+                self.redrawn += todo.size
+                fresh, indexes[todo], stamps[todo] = self._sample_rows(todo.size)
+                for key, column in fresh.items():
+                    batch[key][todo] = column
+        batch.update(pixels)
         return batch, indexes, stamps
 
     def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
@@ -437,7 +624,8 @@ class PrioritizedReplay:
             stored = self.buffer.get_stored_size()
             return {"transitions": self.buffer.get_all_transitions() if stored else {},
                     "priority": self.priority[:stored].copy(), "next_index": self.buffer.get_next_index(),
-                    "max_priority": float(self.buffer.get_max_priority())}
+                    "max_priority": float(self.buffer.get_max_priority()),
+                    "frames": self.frames.state_dict() if self.frames is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Rebuild cpprb slot by slot, so indexes, priorities and the insert position all match."""
@@ -457,6 +645,8 @@ class PrioritizedReplay:
                 self.buffer.update_priorities(np.array([0]), np.array([state["max_priority"]]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
                 self.priority[:stored] = prio
+            if self.frames is not None:
+                self.frames.load_state_dict(state["frames"])
             self.write_count[:] = 0
         self.staged = 0
 
@@ -570,7 +760,7 @@ class TrainState(NamedTuple):
 def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
     lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
           if args.anneal_lr else args.learning_rate)
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr))
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr, eps=args.adam_eps))
 
 
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
@@ -587,8 +777,14 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     return loss, (td, q_taken.mean())
 
 
-def make_update(q_apply, optimizer, args: Args):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one lax.scan."""
+def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
+
+    The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
+    is for convolutions on CPU: XLA's CPU backend runs them ~10x slower inside a loop (measured for
+    the Nature CNN at B=32: ~600 ms per SGD step in a scan, ~60 ms unrolled), at the price of a
+    compile time that grows with K (~25 s for K=32).
+    """
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -603,7 +799,14 @@ def make_update(q_apply, optimizer, args: Args):
         return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict):
-        state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
+        if unroll:
+            steps = []
+            for k in range(batches["action"].shape[0]):
+                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x: x[k], batches))
+                steps.append(out)
+            loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
+        else:
+            state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     return jax.jit(update, donate_argnums=0)
@@ -643,14 +846,14 @@ def make_act(q_apply, num_actions: int):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def rollout(act, params, env_id: str, episodes: int, epsilon: float, seed: int,
-            record: bool = False) -> Tuple[np.ndarray, Optional[dict]]:
+def rollout(act, params, env_fn: Callable[[int], gym.vector.VectorEnv], episodes: int, epsilon: float,
+            seed: int, record: bool = False) -> Tuple[np.ndarray, Optional[dict]]:
     """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode),
     and with record=True their transitions in D4RL's flat layout, episode after episode.
 
     The same seeds every time, so successive evaluations differ only by the policy.
     """
-    envs = make_env(env_id, episodes)
+    envs = env_fn(episodes)
     try:
         obs = seed_envs(envs, seed)
         key = jax.random.PRNGKey(seed)
@@ -677,18 +880,19 @@ def rollout(act, params, env_id: str, episodes: int, epsilon: float, seed: int,
         envs.close()
 
 
-def evaluate(act, params, env_id: str, episodes: int, epsilon: float, seed: int) -> np.ndarray:
-    return rollout(act, params, env_id, episodes, epsilon, seed)[0]
+def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> np.ndarray:
+    """Returns of whole episodes in the env's own rewards: unclipped, lives do not end them."""
+    return rollout(act, params, env_fn, episodes, epsilon, seed)[0]
 
 
-def save_dataset(path: str, act, params, args: Args) -> dict:
+def save_dataset(path: str, act, params, env_fn, args: Args) -> dict:
     """Rollouts of the policy (epsilon = --dataset-epsilon) in D4RL's HDF5 layout, with the
     reference returns of the normalised score in metadata/: ref_min from the uniformly random
     policy (epsilon = 1), ref_max from the greedy policy itself. Written atomically."""
     seed = args.seed + 20_000
-    returns, data = rollout(act, params, args.env_id, args.dataset_episodes, args.dataset_epsilon, seed, record=True)
-    ref_min = float(evaluate(act, params, args.env_id, args.dataset_episodes, 1.0, seed).mean())
-    ref_max = float(evaluate(act, params, args.env_id, args.dataset_episodes, 0.0, seed).mean())
+    returns, data = rollout(act, params, env_fn, args.dataset_episodes, args.dataset_epsilon, seed, record=True)
+    ref_min = float(evaluate(act, params, env_fn, args.dataset_episodes, 1.0, seed).mean())
+    ref_max = float(evaluate(act, params, env_fn, args.dataset_episodes, 0.0, seed).mean())
     metadata = {"env_id": args.env_id, "algorithm": f"{SCRIPT}.py", "dataset_epsilon": args.dataset_epsilon,
                 "episodes": args.dataset_episodes, "seed": seed, "ref_min_score": ref_min,
                 "ref_max_score": ref_max, "mean_return": float(returns.mean())}
@@ -830,17 +1034,18 @@ class StopRequest:
 def run_eval_only(args: Args) -> np.ndarray:
     payload = load_payload(args.load)
     saved = Args(**{**payload["args"], "hidden_sizes": tuple(payload["args"]["hidden_sizes"])})
-    envs = make_env(saved.env_id, 1)
+    env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=args.max_episode_frames)
+    envs = env_fn(1)
     num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
     envs.close()
     network = QNetwork(num_actions, saved.hidden_sizes)
     template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
     params = restore_tree(template, payload["params"], "parameters")
     act = make_act(network.apply, num_actions)
-    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
+    returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
     print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
     if args.save_dataset:
-        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
+        save_dataset(args.save_dataset, act, params, env_fn, dataclasses.replace(args, env_id=saved.env_id))
     return returns
 
 
@@ -857,7 +1062,8 @@ def main(args: Args) -> dict:
         args = resolve_args(args)
         check_args(args)
 
-    envs = make_env(args.env_id, args.num_envs)
+    env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
+    envs = env_fn(args.num_envs)
     num_actions = int(envs.single_action_space.n)
     obs_space = envs.single_observation_space
     network = QNetwork(num_actions, args.hidden_sizes)
@@ -866,11 +1072,16 @@ def main(args: Args) -> dict:
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps)
-    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_space.shape, obs_space.dtype,
-                           args.clip_reward)
+    frames = None
+    if is_image(obs_space):  # store each frame once; replay rows and n-step carry frame numbers
+        frames = FrameStore(FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step,
+                                                    PrioritizedReplay.STAGE_ROWS),
+                            args.num_envs, obs_space.shape[1:])
+    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
+    stored_shape, stored_dtype = replay.stage["obs"].shape[1:], replay.stage["obs"].dtype
+    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, stored_shape, stored_dtype, args.clip_reward)
     act = make_act(network.apply, num_actions)
-    update = make_update(network.apply, optimizer, args)
+    update = make_update(network.apply, optimizer, args, unroll=frames is not None and jax.default_backend() == "cpu")
 
     global_step, episodes = 0, 0
     if args.resume:
@@ -905,6 +1116,10 @@ def main(args: Args) -> dict:
     # The envs restart on resume (their state is not checkpointed); the seed moves with the step
     # so that a resumed run does not replay the episodes it began with.
     obs = seed_envs(envs, args.seed + global_step)
+    if frames is not None:
+        frames.start(obs, np.arange(args.num_envs))
+    stored_obs = obs if frames is None else frames.stack.copy()  # what the replay keeps of obs
+    lives = None
     ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
     exploration_steps = args.exploration_fraction * args.total_timesteps
     sgd_done = int(state.sgd_steps)
@@ -924,9 +1139,15 @@ def main(args: Args) -> dict:
                 actions = np.asarray(act(state.params, obs, np.float32(epsilon), key, np.int32(global_step)))
                 next_obs, reward, terminated, truncated, info = envs.step(actions)
                 done = terminated | truncated
-                replay.add(nstep.push(obs, actions, reward, real_next_obs(next_obs, done, info),
-                                      terminated, truncated))
-                obs = next_obs
+                reached = real_next_obs(next_obs, done, info)
+                if frames is None:
+                    stored_reached, stored_next = reached, next_obs
+                else:
+                    stored_reached, stored_next = frames.step(reached, next_obs, done)
+                lost, lives = lost_life(info, lives, done)
+                replay.add(nstep.push(stored_obs, actions, reward, stored_reached,
+                                      terminated | (lost & args.terminal_on_life_loss), truncated))
+                obs, stored_obs = next_obs, stored_next
                 global_step += args.num_envs
                 ep_return += reward
                 ep_length += 1
@@ -965,6 +1186,8 @@ def main(args: Args) -> dict:
                                "perf/updates_per_second": (sgd_done - window["sgd"]) / elapsed}
                     if window["learn"] > 0:
                         scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
+                    if frames is not None:
+                        scalars["replay/redrawn_rows"] = replay.redrawn
                     scalars.update({k: float(v) for k, v in metrics.items()})
                     logger.scalars(global_step, scalars)
                     if global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps:
@@ -975,7 +1198,7 @@ def main(args: Args) -> dict:
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
-                    returns = evaluate(act, state.params, args.env_id, args.eval_episodes,
+                    returns = evaluate(act, state.params, env_fn, args.eval_episodes,
                                        args.eval_epsilon, args.seed + 10_000)
                     logger.eval(global_step, returns)
                     last_eval = f"{returns.mean():.1f}"
@@ -997,19 +1220,30 @@ def main(args: Args) -> dict:
 
     save_pickle_atomic(model_path, {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
                                     "params": host_leaves(state.params)})
-    returns = evaluate(act, state.params, args.env_id, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
+    returns = evaluate(act, state.params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
     logger.eval(global_step, returns)
     logger.close()
     if args.save_dataset:
-        save_dataset(args.save_dataset, act, state.params, args)
+        save_dataset(args.save_dataset, act, state.params, env_fn, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
           f"run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
             "sgd_steps": int(state.sgd_steps)}
 
 
+def parse_args(argv=None) -> Args:
+    """tyro's parse, with the defaults of --preset (if given) in place of Args' own, so that
+    every flag given on the command line overrides the preset and --help shows its values."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    default = Args()
+    for i, token in enumerate(argv):
+        if token == "--preset=atari" or (token == "--preset" and argv[i + 1:i + 2] == ["atari"]):
+            default = Args(preset="atari", **ATARI_PRESET)
+    return tyro.cli(Args, args=argv, default=default)
+
+
 def cli(argv=None) -> int:
-    args = tyro.cli(Args, args=argv)
+    args = parse_args(argv)
     try:
         result = main(args)
     except ConfigError as e:

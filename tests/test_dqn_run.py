@@ -109,8 +109,8 @@ def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
 
 # --- bad input: one clear line, non-zero exit, no traceback ------------------------------------
 
-class ImageEnv(gym.Env):
-    observation_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+class MatrixEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3, 3), np.float32)
     action_space = gym.spaces.Discrete(2)
 
     def reset(self, seed=None, options=None):
@@ -120,13 +120,15 @@ class ImageEnv(gym.Env):
         return self.observation_space.sample(), 0.0, False, False, {}
 
 
-gym.register("TestImageObs-v0", entry_point=ImageEnv)
+gym.register("TestMatrixObs-v0", entry_point=MatrixEnv)
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--env-id", "Pendulum-v1"], "Discrete actions"),
     (["--env-id", "NoSuchEnv-v9"], "cannot make env"),
-    (["--env-id", "TestImageObs-v0"], "image observations"),
+    (["--env-id", "TestMatrixObs-v0"], "flat vectors or uint8 images"),
+    (["--max-episode-frames", "0"], "--max-episode-frames must be positive"),
+    (["--preset", "atari", "--adam-eps", "-1"], "--adam-eps must be positive"),
     (["--batch-size", "512", "--buffer-size", "256"], "larger than --buffer-size"),
     (["--buffer-size", "0"], "--buffer-size must be positive"),
     (["--num-envs", "-1"], "--num-envs must be positive"),
