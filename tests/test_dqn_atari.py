@@ -1,0 +1,191 @@
+"""Pixel observations: FrameStore replay against an uncompressed reference, memory per
+transition, life loss, the Atari preset, and the Nature-CNN path end to end on a real ALE game."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import ROOT, load_script
+
+dqn = load_script("dqn_prioritized")
+
+
+def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives():
+    """Two Breakout envs, random play, 3-step returns, lives lost and episodes both terminated and
+    truncated: every row of the compressed replay, decoded, equals the row that the same n-step
+    assembler makes from the pixel stacks themselves."""
+    n, num_envs, gamma = 3, 2, 0.9
+    envs = dqn.make_env("ALE/Breakout-v5", num_envs, max_episode_frames=700)
+    assert envs.single_observation_space.shape == (4, 84, 84)
+    frames = dqn.FrameStore(50_000, num_envs, (84, 84))
+    replay = dqn.PrioritizedReplay(5_000, (4, 84, 84), np.uint8, 0.6, 1e-6, frames)
+    compressed = dqn.NStepAssembler(n, gamma, num_envs, (4,), np.int64, clip_reward=1.0)
+    reference = dqn.NStepAssembler(n, gamma, num_envs, (4, 84, 84), np.uint8, clip_reward=1.0)
+    expected = []
+    obs = dqn.seed_envs(envs, 3)
+    frames.start(obs, np.arange(num_envs))
+    stored, lives = frames.stack.copy(), None
+    seen = {"terminated": 0, "truncated": 0, "lost": 0}
+    for _ in range(700):
+        actions = envs.action_space.sample()
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
+        done = terminated | truncated
+        reached = dqn.real_next_obs(next_obs, done, info)
+        stored_reached, stored_next = frames.step(reached, next_obs, done)
+        lost, lives = dqn.lost_life(info, lives, done)
+        ends = terminated | lost
+        replay.add(compressed.push(stored, actions, reward, stored_reached, ends, truncated))
+        rows = reference.push(obs, actions, reward, reached, ends, truncated)
+        if rows is not None:
+            expected.append({k: np.array(v) for k, v in rows.items()})
+        obs, stored = next_obs, stored_next
+        seen["terminated"] += terminated.sum()
+        seen["truncated"] += truncated.sum()
+        seen["lost"] += lost.sum()
+    envs.close()
+    assert min(seen.values()) > 0, seen  # the run crossed every kind of boundary
+    replay.flush()
+    got = replay.buffer.get_all_transitions()
+    want = {k: np.concatenate([e[k] for e in expected]) for k in expected[0]}
+    assert len(got["action"]) == len(want["action"]) > 1000
+    for key in ("obs", "next_obs"):
+        pixels, intact = frames.read(got[key])
+        assert intact.all()
+        np.testing.assert_array_equal(pixels, want[key])
+    np.testing.assert_array_equal(got["action"].ravel(), want["action"])
+    np.testing.assert_allclose(got["reward"].ravel(), want["reward"], rtol=1e-6)
+    np.testing.assert_allclose(got["discount"].ravel(), want["discount"], rtol=1e-6)
+    assert (want["discount"] == 0).sum() >= seen["terminated"] + seen["lost"]  # no bootstrap there
+
+
+class StackedStreams:
+    """Synthetic env streams shaped like FrameStackObservation's: each new frame is unique
+    (a counter written into its pixels), a new episode's stack repeats its first frame."""
+
+    def __init__(self, num_envs, rng):
+        self.rng, self.count = rng, 0
+        self.obs = np.stack([self._first() for _ in range(num_envs)])
+
+    def _frame(self):
+        self.count += 1
+        return np.full((6, 6), self.count % 251, np.uint8) + np.eye(6, dtype=np.uint8) * (self.count // 251 % 256)
+
+    def _first(self):
+        return np.repeat(self._frame()[None], 4, axis=0)
+
+    def step(self, p_done):
+        reached = np.stack([np.concatenate([o[1:], self._frame()[None]]) for o in self.obs])
+        done = self.rng.random(len(self.obs)) < p_done
+        self.obs = np.stack([self._first() if d else r for d, r in zip(done, reached)])
+        return reached, self.obs.copy(), done
+
+
+def test_sample_decodes_the_sampled_rows_and_never_returns_overwritten_frames():
+    """A frame ring with no margin and episodes of ~3 steps (4 extra frames each) overwrites frames
+    of rows still in the replay: sample() must redraw those rows, and every row it returns must
+    equal the same slot of an uncompressed replay fed the same stream."""
+    rng = np.random.default_rng(0)
+    capacity, num_envs = 600, 2
+    frames = dqn.FrameStore(capacity, num_envs, (6, 6))
+    compressed = dqn.PrioritizedReplay(capacity, (4, 6, 6), np.uint8, 0.6, 1e-6, frames)
+    naive = dqn.PrioritizedReplay(capacity, (4, 6, 6), np.uint8, 0.6, 1e-6)
+    streams = StackedStreams(num_envs, rng)
+    frames.start(streams.obs, np.arange(num_envs))
+    for _ in range(700):  # wraps the replay
+        obs, ids = streams.obs.copy(), frames.stack.copy()
+        reached, next_obs, done = streams.step(p_done=0.3)
+        reached_ids, _ = frames.step(reached, next_obs, done)
+        common = {"action": np.zeros(num_envs, np.int64), "reward": np.zeros(num_envs, np.float32),
+                  "discount": np.ones(num_envs, np.float32)}
+        compressed.add({"obs": ids, "next_obs": reached_ids, **common})
+        naive.add({"obs": obs, "next_obs": reached, **common})
+    compressed.flush()
+    naive.flush()
+    truth = naive.buffer.get_all_transitions()
+    for _ in range(20):
+        batch, indexes, _ = compressed.sample(256)
+        np.testing.assert_array_equal(batch["obs"], truth["obs"][indexes])
+        np.testing.assert_array_equal(batch["next_obs"], truth["next_obs"][indexes])
+    assert compressed.redrawn > 0  # the guard was exercised, not just present
+
+
+def test_replay_memory_per_transition_is_about_one_frame():
+    """Bound, for 84x84 frames (7,056 B): one frame per transition plus the ring's margin
+    (capacity_for: 10% plus a constant, < 7,800 B), the row (two stacks of 4 int64 frame numbers,
+    action, reward, discount: 80 B), cpprb's sum and min trees and our write counter and priority
+    mirror (< 64 B): under 8,000 B. The naive layout keeps 2 x 4 frames: 56,448 B, which the same
+    measurement must see (so the measurement itself can fail)."""
+    def measure(layout, capacity):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "replay_memory.py"),
+                              "--layout", layout, "--capacity", str(capacity)],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    compressed = measure("compressed", 20_000)
+    naive = measure("naive", 3_000)
+    assert compressed["rss_bytes_per_transition"] < 8_000, compressed
+    assert compressed["array_bytes_per_transition"] < 8_000, compressed
+    assert naive["rss_bytes_per_transition"] > 50_000, naive
+
+
+def test_lost_life_ends_the_return_only_between_lives_of_one_game():
+    done = np.array([False, False, True])
+    lost, lives = dqn.lost_life({}, None, done)
+    assert not lost.any() and lives is None  # envs without lives
+    lost, lives = dqn.lost_life({"lives": np.array([3, 3, 3])}, None, done)
+    assert not lost.any()  # first step: nothing to compare with
+    lost, lives = dqn.lost_life({"lives": np.array([2, 3, 5])}, lives, done)
+    np.testing.assert_array_equal(lost, [True, False, False])  # env 2 started a new game
+    np.testing.assert_array_equal(lives, [2, 3, 5])
+
+
+class ToyImageEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 255, (40, 30, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+gym.register("TestToyImage-v0", entry_point=ToyImageEnv)
+
+
+def test_images_are_recognised_by_their_space_not_their_name():
+    envs = dqn.make_env("TestToyImage-v0", 2)
+    try:
+        assert envs.single_observation_space.shape == (4, 84, 84)
+        assert envs.single_observation_space.dtype == np.uint8
+    finally:
+        envs.close()
+
+
+def test_preset_fills_defaults_and_given_flags_still_win():
+    args = dqn.parse_args(["--preset", "atari", "--learning-starts", "1000", "--env-id", "ALE/Pong-v5"])
+    assert args.learning_starts == 1000  # equal to Args' default, still the user's choice
+    assert args.learning_rate == dqn.ATARI_PRESET["learning_rate"] == 6.25e-5
+    assert args.buffer_size == 1_000_000 and args.batch_size == 32 and args.train_frequency == 4
+    assert dqn.parse_args([]).learning_rate == dqn.Args().learning_rate
+
+
+def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
+    run_dir = str(tmp_path / "pong")
+    small = dict(env_id="ALE/Pong-v5", buffer_size=2_000, learning_starts=200, batch_size=16,
+                 updates_per_call=4, eval_episodes=1, max_episode_frames=1_000, eval_every=10_000,
+                 log_every=100, checkpoint_every=0, run_dir=run_dir)
+    args = dqn.Args(**{**dqn.ATARI_PRESET, "preset": "atari", "total_timesteps": 400, **small})
+    result = dqn.main(args)
+    assert result["sgd_steps"] == (400 - 200) // 4 // 4 * 4
+    assert np.isfinite(result["eval_mean"]) and -21 <= result["eval_mean"] <= 21
+    payload = dqn.load_payload(run_dir)
+    assert payload["replay"]["frames"]["written"] >= 400
+    assert len(payload["replay"]["priority"]) == 400  # 1-step rows: one per env step
+    assert dqn.cli(["--resume", run_dir, "--total-timesteps", "480"]) == 0
+    assert dqn.load_payload(run_dir)["global_step"] == 480
