@@ -13,6 +13,9 @@
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
 #             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
 #             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats
+#   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at
+#             100k: 1M naive would need 56 GB) and CPU throughput of --preset atari on
+#             ALE/Pong-v5 (30k steps, 20k of them learning); one at a time; 2 repeats
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
@@ -28,7 +31,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
 JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
@@ -46,9 +49,9 @@ while (( $# )); do
   esac
 done
 case "$MODE" in
-  quick|full|ablation|speed|summary) ;;
-  "") usage >&2; die "no mode given: quick, full, ablation, speed or summary" ;;
-  *) die "unknown mode '$MODE': quick, full, ablation, speed or summary" ;;
+  quick|full|ablation|speed|atari|summary) ;;
+  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari or summary" ;;
+  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari or summary" ;;
 esac
 
 # run STEM CMD...: one run with --run-dir STEM, output in STEM.log, exit status in STEM.exit.
@@ -179,6 +182,21 @@ print("BC pipeline efficiency %.3f (median of %s), updates/s %.0f through cpprb 
       % (result["efficiency"], ", ".join("%.3f" % r for r in ratios), result["updates_per_second_pipeline"],
          result["updates_per_second_resident"]))
 PY
+    ;;
+  atari)
+    NSEEDS=${SEEDS:-2} JOBS=1
+    mkdir -p "$RUNS/atari"
+    memory="$RUNS/atari/replay-memory.jsonl"
+    if [ -n "$FORCE" ] || [ ! -s "$memory" ]; then
+      rm -f "$memory"
+      for spec in "compressed 1000000" "compressed 100000" "naive 100000"; do
+        set -- $spec
+        echo "memory $1 $2"
+        "$PYTHON" tests/replay_memory.py --layout "$1" --capacity "$2" >> "$memory"
+      done
+    fi
+    seeds atari dqn-preset Pong-v5 $DQN --env-id ALE/Pong-v5 --preset atari --total-timesteps 30000 \
+      --learning-starts 10000 --eval-every 30000 --eval-episodes 1 --checkpoint-every 0 --log-every 1000
     ;;
 esac
 wait

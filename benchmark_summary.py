@@ -305,6 +305,15 @@ def write_summary(root: str, out_dir: str) -> str:
                       f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
                       f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
                       f"{p['updates_per_second_resident']:,.0f} on device-resident batches.", ""]
+        memory = os.path.join(root, suite, "replay-memory.jsonl")
+        if os.path.exists(memory):  # written by `benchmark.sh atari`
+            lines += ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |",
+                      "|---|---:|---:|---:|---:|"]
+            with open(memory) as f:
+                for m in map(json.loads, f):
+                    lines.append(f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
+                                 f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |")
+            lines.append("")
         for task in dict.fromkeys(r.task for r in in_suite):
             by_config = {c: rs for (c, t), rs in groups.items() if t == task}
             name = plot(suite, task, by_config, out_dir)

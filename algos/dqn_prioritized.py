@@ -7,8 +7,11 @@ What it implements
     "Prioritized Experience Replay", arXiv:1511.05952), stored in cpprb.
   * n-step returns (Sutton 1988; used with PER in Rainbow, Hessel et al. 2018, arXiv:1710.02298).
   * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
-    batches and puts them on the device, K SGD steps are fused in one jitted `lax.scan`, and
-    priorities are written back from another thread.
+    batches and puts them on the device, K SGD steps are fused in one jitted call (a `lax.scan`;
+    unrolled for convolutions on CPU, see make_update), and priorities are written back from
+    another thread.
+  * For image observations: the Nature DQN network and preprocessing (Mnih et al. 2015) and a
+    replay that stores each frame once (see "Pixels" below).
 
 Update equations (one SGD step on a batch of B transitions i, each spanning k_i <= n steps)
   G_i      = sum_{j<k_i} gamma^j r_{t+j}                       (rewards optionally clipped)
@@ -28,18 +31,36 @@ Update equations (one SGD step on a batch of B transitions i, each spanning k_i 
 --no-prioritized runs exactly the same code with alpha = 0: every P(i) = 1/N and every w_i = 1,
 which is uniform replay, so an ablation changes one number and nothing else.
 
+Pixels (Atari)
+  An env whose observation space is a uint8 image (not its name) gets the Nature DQN pipeline:
+  84x84 grey frames stacked by 4 and the Nature CNN. ALE games also get gymnasium's
+  AtariPreprocessing (up to 30 no-op actions at reset, each action held for 4 frames with the max
+  over the last two) and episodes truncated at --max-episode-frames (108k frames, 30 minutes of
+  play). For learning only, rewards are clipped to [-1, 1] and a lost life ends the return
+  (--terminal-on-life-loss); logged and evaluated returns are the game's own score over whole
+  games. Evaluation: epsilon 0.001 (tuned Double DQN's protocol, which the PER paper followed).
+  ALE v5 keeps its sticky actions (repeat probability 0.25; Machado et al. 2018, arXiv:1709.06009),
+  which the 2016 papers did not have.
+  Memory: the replay keeps every frame once (FrameStore) and its rows keep frame numbers: about
+  7.2 KB per transition instead of 56.5 KB for obs and next_obs as pixel stacks, so the PER
+  paper's 1M-transition buffer takes ~7.2 GB of RAM instead of ~57 GB (measured: README).
+  --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
+  source). On a CPU this is slow (about 60 env steps/s while learning on 2 cores; README).
+
 Run
   python algos/dqn_prioritized.py                          # CartPole-v1, solves it (eval 500)
   python algos/dqn_prioritized.py --env-id Acrobot-v1 --seed 2
   python algos/dqn_prioritized.py --resume runs/<run>      # continue an interrupted run
   python algos/dqn_prioritized.py --eval-only --load runs/<run>/model.pkl
   python algos/dqn_prioritized.py --save-dataset data/cartpole.hdf5   # offline data for BC
+  python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari   # the PER paper's setup
   python algos/dqn_prioritized.py --help                   # every flag
 
 Outputs (runs/<env_id>__dqn_prioritized__<seed>__<unix_time>/)
   args.json, eval.csv (step, mean, std, episodes), tensorboard events with the tags
   charts/episodic_return, charts/episodic_length, charts/SPS, charts/epsilon, losses/td_loss,
   losses/q_values, eval/episodic_return(_std), replay/beta, replay/priority_max,
+  replay/redrawn_rows (pixels: rows whose frames were overwritten, redrawn when sampled),
   perf/updates_per_second, perf/learner_wait_fraction; checkpoint.pkl (latest, written
   atomically) and model.pkl (final parameters).
 """
@@ -257,8 +278,10 @@ FRAME_STACK = 4  # frames per image observation (Nature DQN)
 
 
 def is_image(space: gym.Space) -> bool:
-    """Images are told apart from vectors by the observation space, never by the env's name."""
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
+    """Grey (H, W) or RGB (H, W, 3) uint8 images; told apart from vectors by the observation
+    space, never by the env's name."""
+    return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8
+            and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] == 3)))
 
 
 def image_wrappers(probe: gym.Env) -> list:
@@ -272,7 +295,8 @@ def image_wrappers(probe: gym.Env) -> list:
     if hasattr(probe.unwrapped, "ale"):
         first = [lambda env: wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)]
     else:
-        first = [wrappers.GrayscaleObservation, lambda env: wrappers.ResizeObservation(env, (84, 84))]
+        first = [wrappers.GrayscaleObservation] if len(probe.observation_space.shape) == 3 else []
+        first.append(lambda env: wrappers.ResizeObservation(env, (84, 84)))
     return first + [lambda env: wrappers.FrameStackObservation(env, FRAME_STACK)]
 
 
@@ -305,7 +329,7 @@ def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> g
                 kwargs = {"frameskip": 1, "max_num_frames_per_episode": max_episode_frames}
         elif not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
             raise ConfigError(f"{env_id} has observations {space}; this script takes flat vectors "
-                              "or uint8 images")
+                              "or uint8 images, (H, W) or (H, W, 3)")
     finally:
         probe.close()
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
@@ -1073,7 +1097,8 @@ def main(args: Args) -> dict:
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
     alpha = args.per_alpha if args.prioritized else 0.0
     frames = None
-    if is_image(obs_space):  # store each frame once; replay rows and n-step carry frame numbers
+    if len(obs_space.shape) == 3:  # make_env gives flat vectors or stacks of frames
+        # Each frame is stored once; replay rows and the n-step assembler carry frame numbers.
         frames = FrameStore(FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step,
                                                     PrioritizedReplay.STAGE_ROWS),
                             args.num_envs, obs_space.shape[1:])

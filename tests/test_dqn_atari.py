@@ -145,8 +145,10 @@ def test_lost_life_ends_the_return_only_between_lives_of_one_game():
 
 
 class ToyImageEnv(gym.Env):
-    observation_space = gym.spaces.Box(0, 255, (40, 30, 3), np.uint8)
     action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, shape=(40, 30, 3)):
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
 
     def reset(self, seed=None, options=None):
         return self.observation_space.sample(), {}
@@ -158,11 +160,17 @@ class ToyImageEnv(gym.Env):
 gym.register("TestToyImage-v0", entry_point=ToyImageEnv)
 
 
-def test_images_are_recognised_by_their_space_not_their_name():
-    envs = dqn.make_env("TestToyImage-v0", 2)
+gym.register("TestToyGrey-v0", entry_point=ToyImageEnv, kwargs={"shape": (50, 20)})
+
+
+@pytest.mark.parametrize("env_id", ["TestToyImage-v0", "TestToyGrey-v0"])
+def test_images_are_recognised_by_their_space_not_their_name(env_id):
+    envs = dqn.make_env(env_id, 2)
     try:
         assert envs.single_observation_space.shape == (4, 84, 84)
         assert envs.single_observation_space.dtype == np.uint8
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 4, 84, 84)
     finally:
         envs.close()
 
