@@ -14,8 +14,9 @@
 #             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
 #             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats
 #   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at
-#             100k: 1M naive would need 56 GB) and CPU throughput of --preset atari on
-#             ALE/Pong-v5 (30k steps, 20k of them learning); one at a time; 2 repeats
+#             100k: 1M naive would need 56 GB), throughput of --preset atari on ALE/Pong-v5
+#             (30k steps, 20k of them learning) and updates/s with the prefetch thread on vs
+#             off (also on a GPU machine); one at a time; 2 repeats
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
@@ -31,7 +32,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
 JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
@@ -197,6 +198,61 @@ PY
     fi
     seeds atari dqn-preset Pong-v5 $DQN --env-id ALE/Pong-v5 --preset atari --total-timesteps 30000 \
       --learning-starts 10000 --eval-every 30000 --eval-episodes 1 --checkpoint-every 0 --log-every 1000
+    wait
+    "$PYTHON" - "$RUNS/atari/prefetch.json" "$NSEEDS" <<'PY'
+# Prefetch on vs off for DQN on pixels: SGD updates/s of --preset atari's jitted update (K x 32 per
+# call) on a 50k-transition frame-store replay, batches from the Prefetcher thread or sampled and
+# put on the device in the learner's own loop, side by side in one process; priorities written
+# back by the PriorityWriter in both. Works unchanged on a GPU machine.
+import json, os, statistics, sys, time
+sys.path.insert(0, "tests")
+from replay_memory import filled_replay, load_script
+dqn = load_script("dqn_prioritized")
+import jax
+jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn_prioritized.main does
+args = dqn.Args(**dqn.ATARI_PRESET)
+K, B, CALLS = args.updates_per_call, args.batch_size, 10
+replay = filled_replay("compressed", 50_000, 1000)
+replay.beta = 0.4
+network = dqn.QNetwork(6, args.hidden_sizes)
+optimizer = dqn.make_optimizer(args, 10_000)
+state = dqn.init_train_state(network, optimizer, (4, 84, 84), jax.random.PRNGKey(0))
+update = dqn.make_update(network.apply, optimizer, args, unroll=jax.default_backend() == "cpu")
+writer = dqn.PriorityWriter(replay)
+def sample():
+    batch, indexes, stamps = replay.sample(K * B)
+    return jax.device_put({k: v.reshape((K, B) + v.shape[1:]) for k, v in batch.items()}), indexes, stamps
+def timed(get, calls):
+    global state
+    start = time.perf_counter()
+    for _ in range(calls):
+        batches, indexes, stamps = get()
+        state, metrics, priorities = update(state, batches)
+        writer.submit(indexes, stamps, priorities)
+    writer.flush()
+    return calls * K / (time.perf_counter() - start)
+timed(sample, 1)  # compile
+start = time.perf_counter()
+for _ in range(CALLS):
+    jax.block_until_ready(sample()[0])
+sample_ms = (time.perf_counter() - start) / CALLS * 1000
+off, on = [], []
+for _ in range(int(sys.argv[2])):
+    off.append(timed(sample, CALLS))
+    prefetcher = dqn.Prefetcher(sample, args.prefetch_size)
+    on.append(timed(prefetcher.get, CALLS))
+    prefetcher.close()
+writer.close()
+result = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "updates_per_call": K,
+          "batch_size": B, "sample_and_put_ms_per_call": sample_ms,
+          "updates_per_second_prefetch_on": statistics.median(on),
+          "updates_per_second_prefetch_off": statistics.median(off),
+          "ratio_on_over_off": statistics.median(a / b for a, b in zip(on, off)), "on": on, "off": off}
+json.dump(result, open(sys.argv[1], "w"), indent=2)
+print("DQN pixels on %s: %.1f updates/s with prefetch, %.1f without (median ratio %.2f); sampling + device_put %.0f ms per %d x %d"
+      % (result["device"], result["updates_per_second_prefetch_on"], result["updates_per_second_prefetch_off"],
+         result["ratio_on_over_off"], sample_ms, K, B))
+PY
     ;;
 esac
 wait

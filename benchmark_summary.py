@@ -314,6 +314,15 @@ def write_summary(root: str, out_dir: str) -> str:
                     lines.append(f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
                                  f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |")
             lines.append("")
+        prefetch = os.path.join(root, suite, "prefetch.json")
+        if os.path.exists(prefetch):  # written by `benchmark.sh atari`
+            with open(prefetch) as f:
+                p = json.load(f)
+            lines += [f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
+                      f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
+                      f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
+                      f"median over {len(p['on'])} repeats); sampling + device_put "
+                      f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.", ""]
         for task in dict.fromkeys(r.task for r in in_suite):
             by_config = {c: rs for (c, t), rs in groups.items() if t == task}
             name = plot(suite, task, by_config, out_dir)

@@ -7,7 +7,8 @@ Fills a replay of `capacity` transitions (frame stacks of 4, one env, 1-step row
 `--episode` steps) and prints one JSON line: bytes per transition from the RSS growth (what the
 process really holds) and from the arrays' sizes. 'compressed' is the script's FrameStore layout
 (rows of frame numbers, each frame kept once); 'naive' stores obs and next_obs as pixel stacks.
-Used by tests/test_dqn_atari.py and by ./benchmark.sh atari.
+Used by tests/test_dqn_atari.py and by ./benchmark.sh atari (which also takes filled_replay()
+for its prefetch on/off measurement).
 """
 
 import argparse
@@ -27,9 +28,25 @@ def rss_bytes() -> int:
 
 
 def fill(layout: str, capacity: int, episode: int, chunk: int = 1024) -> dict:
+    load_script("dqn_prioritized")  # its imports (jax, cpprb, ...) are not the replay's memory
+    before = rss_bytes()
+    replay = filled_replay(layout, capacity, episode, chunk)
+    replay.flush()
+    grown = rss_bytes() - before
+    arrays = replay.write_count.nbytes + replay.priority.nbytes
+    arrays += sum(v.nbytes for v in replay.buffer.get_all_transitions().values())
+    if replay.frames is not None:
+        arrays += replay.frames.frames.nbytes
+    return {"layout": layout, "capacity": capacity, "episode": episode,
+            "rss_bytes": grown, "rss_bytes_per_transition": grown / capacity,
+            "array_bytes_per_transition": arrays / capacity,
+            "frames_written": replay.frames.written if replay.frames is not None else None}
+
+
+def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
+    """dqn_prioritized.PrioritizedReplay holding `capacity` transitions of random 84x84 frames."""
     dqn = load_script("dqn_prioritized")
     rng = np.random.default_rng(0)
-    before = rss_bytes()
     frames = None
     if layout == "compressed":
         frames = dqn.FrameStore(dqn.FrameStore.capacity_for(capacity, 1, 1, dqn.PrioritizedReplay.STAGE_ROWS), 1, (84, 84))
@@ -57,15 +74,7 @@ def fill(layout: str, capacity: int, episode: int, chunk: int = 1024) -> dict:
         replay.add(batch)
         added += rows
     replay.flush()
-    grown = rss_bytes() - before
-    arrays = replay.write_count.nbytes + replay.priority.nbytes
-    arrays += sum(v.nbytes for v in replay.buffer.get_all_transitions().values())
-    if frames is not None:
-        arrays += frames.frames.nbytes
-    return {"layout": layout, "capacity": capacity, "episode": episode,
-            "rss_bytes": grown, "rss_bytes_per_transition": grown / capacity,
-            "array_bytes_per_transition": arrays / capacity,
-            "frames_written": frames.written if frames is not None else None}
+    return replay
 
 
 if __name__ == "__main__":
