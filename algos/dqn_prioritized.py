@@ -1058,7 +1058,11 @@ class StopRequest:
 def run_eval_only(args: Args) -> np.ndarray:
     payload = load_payload(args.load)
     saved = Args(**{**payload["args"], "hidden_sizes": tuple(payload["args"]["hidden_sizes"])})
-    env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=args.max_episode_frames)
+    # The run's own evaluation protocol (e.g. --preset atari's epsilon), unless given here.
+    defaults = Args()
+    epsilon = args.eval_epsilon if args.eval_epsilon != defaults.eval_epsilon else saved.eval_epsilon
+    max_frames = args.max_episode_frames if args.max_episode_frames != defaults.max_episode_frames else saved.max_episode_frames
+    env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=max_frames)
     envs = env_fn(1)
     num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
     envs.close()
@@ -1066,8 +1070,9 @@ def run_eval_only(args: Args) -> np.ndarray:
     template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
     params = restore_tree(template, payload["params"], "parameters")
     act = make_act(network.apply, num_actions)
-    returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000)
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    returns = evaluate(act, params, env_fn, args.eval_episodes, epsilon, args.seed + 10_000)
+    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes "
+          f"(epsilon {epsilon})")
     if args.save_dataset:
         save_dataset(args.save_dataset, act, params, env_fn, dataclasses.replace(args, env_id=saved.env_id))
     return returns

@@ -69,10 +69,13 @@ def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
 
 def test_eval_only_loads_model(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
-    assert run_cli(FAST + ["--total-timesteps", "600", "--run-dir", run_dir]) == 0
+    assert run_cli(FAST + ["--total-timesteps", "600", "--eval-epsilon", "0.25", "--run-dir", run_dir]) == 0
     capsys.readouterr()
-    assert run_cli(["--eval-only", "--load", os.path.join(run_dir, "model.pkl"), "--eval-episodes", "3"]) == 0
-    assert "over 3 episodes" in capsys.readouterr().out
+    model = os.path.join(run_dir, "model.pkl")
+    assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "3"]) == 0
+    assert "over 3 episodes (epsilon 0.25)" in capsys.readouterr().out  # the run's own protocol
+    assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "2", "--eval-epsilon", "0.5"]) == 0
+    assert "over 2 episodes (epsilon 0.5)" in capsys.readouterr().out  # unless given
 
 
 def test_interrupted_checkpoint_write_keeps_previous_file(tmp_path):
