@@ -45,7 +45,7 @@ Pixels (Atari)
   7.2 KB per transition instead of 56.5 KB for obs and next_obs as pixel stacks, so the PER
   paper's 1M-transition buffer takes ~7.2 GB of RAM instead of ~57 GB (measured: README).
   --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
-  source). On a CPU this is slow (about 60 env steps/s while learning on 2 cores; README).
+  source). On a CPU this is slow (about 70 env steps/s while learning on 2 cores; README).
 
 Run
   python algos/dqn_prioritized.py                          # CartPole-v1, solves it (eval 500)
@@ -284,20 +284,22 @@ def is_image(space: gym.Space) -> bool:
             and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] == 3)))
 
 
-def image_wrappers(probe: gym.Env) -> list:
-    """84x84 grey frames stacked by 4 (Nature DQN). ALE games get gymnasium's AtariPreprocessing:
-    up to 30 no-op actions at reset, each action repeated for 4 frames with the max of the last two
-    (Atari sprites flicker), grey and resized. Lives are read from info["lives"] by the training
-    loop instead of the wrapper's terminal_on_life_loss, which would reset the whole game at every
-    lost life under autoreset. Other image envs are only made grey, resized and stacked."""
+def image_pipeline(probe: gym.Env, max_episode_frames: int) -> Tuple[list, dict]:
+    """(wrappers, env kwargs) giving 84x84 grey frames stacked by 4 (Nature DQN). ALE games get
+    gymnasium's AtariPreprocessing: up to 30 no-op actions at reset, each action repeated for 4
+    frames with the max of the last two (Atari sprites flicker), grey and resized; the wrapper
+    skips the frames, so the game itself must not. Lives are read from info["lives"] by the
+    training loop instead of the wrapper's terminal_on_life_loss, which would reset the whole
+    game at every lost life under autoreset. Other image envs are only made grey, resized and
+    stacked."""
     from gymnasium import wrappers
 
+    stack = functools.partial(wrappers.FrameStackObservation, stack_size=FRAME_STACK)
     if hasattr(probe.unwrapped, "ale"):
-        first = [lambda env: wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)]
-    else:
-        first = [wrappers.GrayscaleObservation] if len(probe.observation_space.shape) == 3 else []
-        first.append(lambda env: wrappers.ResizeObservation(env, (84, 84)))
-    return first + [lambda env: wrappers.FrameStackObservation(env, FRAME_STACK)]
+        preprocess = functools.partial(wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)
+        return [preprocess, stack], {"frameskip": 1, "max_num_frames_per_episode": max_episode_frames}
+    grey = [wrappers.GrayscaleObservation] if len(probe.observation_space.shape) == 3 else []
+    return grey + [functools.partial(wrappers.ResizeObservation, shape=(84, 84)), stack], {}
 
 
 def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> gym.vector.VectorEnv:
@@ -324,9 +326,7 @@ def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> g
                               "DQN needs Discrete actions (use algos/sac.py for continuous control)")
         wrappers, kwargs = [], {}
         if is_image(space):
-            wrappers = image_wrappers(probe)
-            if hasattr(probe.unwrapped, "ale"):  # AtariPreprocessing skips the frames itself
-                kwargs = {"frameskip": 1, "max_num_frames_per_episode": max_episode_frames}
+            wrappers, kwargs = image_pipeline(probe, max_episode_frames)
         elif not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
             raise ConfigError(f"{env_id} has observations {space}; this script takes flat vectors "
                               "or uint8 images, (H, W) or (H, W, 3)")
