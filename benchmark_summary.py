@@ -281,6 +281,33 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores visible, Python {platform.python_version()}"
 
 
+def describe_bc_pipeline(p: dict) -> List[str]:
+    return [f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
+            f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
+            f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
+            f"{p['updates_per_second_resident']:,.0f} on device-resident batches.", ""]
+
+
+def describe_replay_memory(rows: List[dict]) -> List[str]:
+    return ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |",
+            "|---|---:|---:|---:|---:|"] + [
+        f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
+        f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |" for m in rows] + [""]
+
+
+def describe_prefetch(p: dict) -> List[str]:
+    return [f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
+            f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
+            f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
+            f"median over {len(p['on'])} repeats); sampling + device_put "
+            f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.", ""]
+
+
+# Files that benchmark.sh writes into a suite's folder besides the runs (speed; atari).
+SIDE_FILES = {"bc-pipeline.json": describe_bc_pipeline, "replay-memory.jsonl": describe_replay_memory,
+              "prefetch.json": describe_prefetch}
+
+
 def write_summary(root: str, out_dir: str) -> str:
     runs = discover(root)
     if not runs:
@@ -297,32 +324,11 @@ def write_summary(root: str, out_dir: str) -> str:
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
         lines += [f"## {suite}", ""] + table(suite, groups) + [""]
-        pipeline = os.path.join(root, suite, "bc-pipeline.json")
-        if os.path.exists(pipeline):  # written by `benchmark.sh speed`
-            with open(pipeline) as f:
-                p = json.load(f)
-            lines += [f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
-                      f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
-                      f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
-                      f"{p['updates_per_second_resident']:,.0f} on device-resident batches.", ""]
-        memory = os.path.join(root, suite, "replay-memory.jsonl")
-        if os.path.exists(memory):  # written by `benchmark.sh atari`
-            lines += ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |",
-                      "|---|---:|---:|---:|---:|"]
-            with open(memory) as f:
-                for m in map(json.loads, f):
-                    lines.append(f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
-                                 f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |")
-            lines.append("")
-        prefetch = os.path.join(root, suite, "prefetch.json")
-        if os.path.exists(prefetch):  # written by `benchmark.sh atari`
-            with open(prefetch) as f:
-                p = json.load(f)
-            lines += [f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
-                      f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
-                      f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
-                      f"median over {len(p['on'])} repeats); sampling + device_put "
-                      f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.", ""]
+        for name, describe in SIDE_FILES.items():  # measurements benchmark.sh writes beside the runs
+            path = os.path.join(root, suite, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines += describe([json.loads(line) for line in f] if name.endswith(".jsonl") else json.load(f))
         for task in dict.fromkeys(r.task for r in in_suite):
             by_config = {c: rs for (c, t), rs in groups.items() if t == task}
             name = plot(suite, task, by_config, out_dir)
