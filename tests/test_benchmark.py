@@ -3,6 +3,7 @@
 import csv
 import glob
 import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -97,9 +98,23 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     assert make_run(bc_stem, "bc_offline.py", "--total-updates", "200", "--updates-per-call", "50",
                     "--eval-every", "100", "--eval-episodes", "2", "--log-every", "50") == 0
 
+    # Side files of `benchmark.sh atari`: a real (small) replay-memory measurement, a prefetch record.
+    memory = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "replay_memory.py"), "--layout",
+                             "compressed", "--capacity", "2000"], capture_output=True, text=True, timeout=300)
+    assert memory.returncode == 0, memory.stderr
+    (runs / "tiny" / "replay-memory.jsonl").write_text(memory.stdout)
+    measured = json.loads(memory.stdout)
+    prefetch = {"device": "cpu:0", "updates_per_call": 32, "batch_size": 32, "sample_and_put_ms_per_call": 45.0,
+                "updates_per_second_prefetch_on": 15.84, "updates_per_second_prefetch_off": 17.2,
+                "ratio_on_over_off": 0.92, "on": [15.84, 15.6], "off": [17.2, 17.1]}
+    (runs / "tiny" / "prefetch.json").write_text(json.dumps(prefetch))
+
     result = bench("summary", "--runs", str(runs), "--out", str(out))
     assert result.returncode == 0, result.stderr
     text = (out / "summary.md").read_text()
+    assert f"| compressed | 2,000 | {measured['rss_bytes'] / 2**30:.2f} GiB | " \
+           f"{measured['rss_bytes_per_transition']:,.0f} B |" in text
+    assert "15.8 vs 17.2 updates/s (ratio 0.92, median over 2 repeats)" in text
 
     # DQN row: final eval = last eval.csv row of each finished seed; mean and std over seeds.
     finals = [float(eval_rows(s)[-1]["mean"]) for s in stems[:2]]
