@@ -675,6 +675,21 @@ class PrioritizedReplay:
         self.staged = 0
 
 
+def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
+    """The prioritized replay and the n-step assembler that feeds it. make_env gives flat vectors
+    or stacks of frames; stacks go through a FrameStore, so the rows and the assembler carry
+    frame numbers instead of pixels."""
+    frames = None
+    if len(obs_space.shape) == 3:
+        capacity = FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step, PrioritizedReplay.STAGE_ROWS)
+        frames = FrameStore(capacity, args.num_envs, obs_space.shape[1:])
+    alpha = args.per_alpha if args.prioritized else 0.0
+    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
+    stored = replay.stage["obs"]  # what a row keeps of an observation: the obs, or frame numbers
+    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, stored.shape[1:], stored.dtype, args.clip_reward)
+    return replay, nstep
+
+
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
     """start -> end linearly over `duration`, then end."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
@@ -1100,16 +1115,8 @@ def main(args: Args) -> dict:
     optimizer = make_optimizer(args, total_sgd_steps)
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
-    alpha = args.per_alpha if args.prioritized else 0.0
-    frames = None
-    if len(obs_space.shape) == 3:  # make_env gives flat vectors or stacks of frames
-        # Each frame is stored once; replay rows and the n-step assembler carry frame numbers.
-        frames = FrameStore(FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step,
-                                                    PrioritizedReplay.STAGE_ROWS),
-                            args.num_envs, obs_space.shape[1:])
-    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
-    stored_shape, stored_dtype = replay.stage["obs"].shape[1:], replay.stage["obs"].dtype
-    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, stored_shape, stored_dtype, args.clip_reward)
+    replay, nstep = make_replay(args, obs_space)
+    frames = replay.frames
     act = make_act(network.apply, num_actions)
     update = make_update(network.apply, optimizer, args, unroll=frames is not None and jax.default_backend() == "cpu")
 
