@@ -804,10 +804,11 @@ def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransforma
 
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
     """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
-    # One forward pass of the online net over s and s' together (it needs both).
-    batch_size = batch["obs"].shape[0]
-    q_online = q_apply(params, jnp.concatenate([batch["obs"], batch["next_obs"]]))
-    q_tm1, q_t_selector = q_online[:batch_size], q_online[batch_size:]
+    q_tm1 = q_apply(params, batch["obs"])
+    # The online net at s' only selects a*: no gradient flows there (rlax stops it as well), and a
+    # forward pass of its own keeps s' out of the backward pass. One pass over s and s' together
+    # cost more: 1.3x per SGD step for the MLP, 1.6-1.8x for the Nature CNN (measured on CPU).
+    q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
     q_t_value = q_apply(target_params, batch["next_obs"])
     td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
                                           q_t_value, q_t_selector)
