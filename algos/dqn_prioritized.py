@@ -45,7 +45,7 @@ Pixels (Atari)
   7.2 KB per transition instead of 56.5 KB for obs and next_obs as pixel stacks, so the PER
   paper's 1M-transition buffer takes ~7.2 GB of RAM instead of ~57 GB (measured: README).
   --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
-  source). On a CPU this is slow (about 70 env steps/s while learning on 2 cores; README).
+  source). On a CPU this is slow (about 90 env steps/s while learning on 2 cores; README).
 
 Run
   python algos/dqn_prioritized.py                          # CartPole-v1, solves it (eval 500)
@@ -821,9 +821,9 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
 
     The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
-    is for convolutions on CPU: XLA's CPU backend runs them ~10x slower inside a loop (measured for
-    the Nature CNN at B=32: ~600 ms per SGD step in a scan, ~60 ms unrolled), at the price of a
-    compile time that grows with K (~25 s for K=32).
+    is for convolutions on CPU: XLA's CPU backend runs them 6-10x slower inside a loop (measured
+    for the Nature CNN at B=32: ~240 ms per SGD step in a scan, ~37 ms unrolled), at the price of
+    a compile time that grows with K (~25 s for K=32).
     """
 
     def sgd_step(state: TrainState, batch: dict):
