@@ -191,9 +191,9 @@ PY
     if [ -n "$FORCE" ] || [ ! -s "$memory" ]; then
       rm -f "$memory"
       for spec in "compressed 1000000" "compressed 100000" "naive 100000"; do
-        set -- $spec
-        echo "memory $1 $2"
-        "$PYTHON" tests/replay_memory.py --layout "$1" --capacity "$2" >> "$memory"
+        read -r layout capacity <<< "$spec"
+        echo "memory $layout $capacity"
+        "$PYTHON" tests/replay_memory.py --layout "$layout" --capacity "$capacity" >> "$memory"
       done
     fi
     seeds atari dqn-preset Pong-v5 $DQN --env-id ALE/Pong-v5 --preset atari --total-timesteps 30000 \

@@ -39,7 +39,6 @@ def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     assert result["score"] >= 0.9 * data_score, (result, data_score)
 
 
-
 class MotionEnv(gym.Env):
     """Pixels that only a frame stack can read: a 6x6 dot moves 3 px per step, left or right (chosen
     at reset); reward 1 for naming the direction, 10 steps per episode. One frame cannot tell the
