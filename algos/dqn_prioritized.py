@@ -115,7 +115,8 @@ class Args:
     MLP, image observations (e.g. ALE/Breakout-v5) the Atari preprocessing and the Nature CNN"""
     preset: Optional[Literal["atari"]] = None
     """'atari': start from the PER paper's Atari hyper-parameters (ATARI_PRESET below) instead of
-    these defaults; flags given alongside still override them (see --preset atari --help)"""
+    these defaults; flags given alongside still override them (see --preset atari --help). Read
+    by the command-line parser only: in code, write Args(**ATARI_PRESET, preset="atari", ...)"""
     seed: int = 1
     """seed of the training envs, the eval env, the network and the exploration"""
     total_timesteps: int = 100_000
@@ -612,22 +613,19 @@ class PrioritizedReplay:
         batch, indexes, stamps = self._sample_rows(batch_size)
         if self.frames is None:
             return batch, indexes, stamps
-        shape = (batch_size, FRAME_STACK) + self.frames.frames.shape[1:]
-        pixels = {"obs": np.empty(shape, np.uint8), "next_obs": np.empty(shape, np.uint8)}
-        todo = np.arange(batch_size)
-        while todo.size:
-            obs, obs_ok = self.frames.read(batch["obs"][todo])
-            next_obs, next_ok = self.frames.read(batch["next_obs"][todo])
-            ok = obs_ok & next_ok
-            pixels["obs"][todo[ok]], pixels["next_obs"][todo[ok]] = obs[ok], next_obs[ok]
-            todo = todo[~ok]
-            if todo.size:
-                self.redrawn += todo.size
-                fresh, fresh_indexes, fresh_stamps = self._sample_rows(todo.size)
-                indexes[todo], stamps[todo] = fresh_indexes, fresh_stamps
-                for key, column in fresh.items():
-                    batch[key][todo] = column
-        batch.update(pixels)
+        obs, obs_ok = self.frames.read(batch["obs"])
+        next_obs, next_ok = self.frames.read(batch["next_obs"])
+        bad = np.flatnonzero(~(obs_ok & next_ok))
+        while bad.size:
+            self.redrawn += bad.size
+            fresh, fresh_indexes, fresh_stamps = self._sample_rows(bad.size)
+            indexes[bad], stamps[bad] = fresh_indexes, fresh_stamps
+            for key, column in fresh.items():
+                batch[key][bad] = column
+            obs[bad], obs_ok = self.frames.read(fresh["obs"])
+            next_obs[bad], next_ok = self.frames.read(fresh["next_obs"])
+            bad = bad[~(obs_ok & next_ok)]
+        batch["obs"], batch["next_obs"] = obs, next_obs
         return batch, indexes, stamps
 
     def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
