@@ -156,8 +156,7 @@ update = bc.make_update(policy, mode, optimizer, stats)
 replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)
 K, B, CALLS = args.updates_per_call, args.batch_size, 100
 def sample():
-    batch, idx = replay.sample(K * B)
-    return jax.device_put({k: v.reshape((K, B) + v.shape[1:]) for k, v in batch.items()}), idx
+    return bc.sample_batches(replay, B, K)
 def timed(get):
     global state
     start = time.perf_counter()
@@ -220,15 +219,16 @@ state = dqn.init_train_state(network, optimizer, (4, 84, 84), jax.random.PRNGKey
 update = dqn.make_update(network.apply, optimizer, args, unroll=jax.default_backend() == "cpu")
 writer = dqn.PriorityWriter(replay)
 def sample():
-    batch, indexes, stamps = replay.sample(K * B)
-    return jax.device_put({k: v.reshape((K, B) + v.shape[1:]) for k, v in batch.items()}), indexes, stamps
+    return dqn.sample_batches(replay, B, K)
+sgd_steps = 0
 def timed(get, calls):
-    global state
+    global state, sgd_steps
     start = time.perf_counter()
     for _ in range(calls):
         batches, indexes, stamps = get()
         state, metrics, priorities = update(state, batches)
-        writer.submit(indexes, stamps, priorities)
+        writer.submit(indexes, stamps, priorities, sgd_steps)
+        sgd_steps += K
     writer.flush()
     return calls * K / (time.perf_counter() - start)
 timed(sample, 1)  # compile

@@ -17,8 +17,12 @@ Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without 
   continuous, --loss nll:    l_i = -log pi(a~_i|s_i),  pi = tanh(N(mu(s), sigma(s))):
                              log pi(a~) = log N(atanh(a~); mu, sigma) - sum_j log(1 - a~_j^2)
   with s normalised by the dataset's mean and std (saved with the model, used at evaluation).
-  Priorities p_i = l_i + eps (shifted to be positive for the nll), P(i) = p_i^alpha / sum p^alpha,
-  w_i = (N P(i))^-beta / max_j (N P(j))^-beta (cpprb normalises over the whole buffer).
+  Priorities p_i = l_i + eps for cross-entropy and mse. The nll of a density can be negative (and
+  has no lower bound as sigma shrinks), so its priority is its data-fit term alone,
+  p_i = (1/2) sum_j ((atanh(a~_ij) - mu_ij) / sigma_ij)^2 + eps >= 0: how many standard deviations
+  the data's action lies from the policy, without the log-normaliser and the tanh Jacobian, which
+  do not measure the fit. P(i) = p_i^alpha / sum p^alpha, w_i = (N P(i))^-beta / max_j w_j with the
+  max over the minibatch (--per-weight-norm batch) or the whole dataset (buffer).
   Evaluation acts deterministically: argmax, tanh(f(s)) or tanh(mu(s)), mapped to the bounds.
   Normalised score = 100 * (R - ref_min) / (ref_max - ref_min).
 
@@ -54,6 +58,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import csv
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -64,7 +69,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Annotated, Any, Callable, List, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -117,6 +122,9 @@ class Args:
     """initial importance-sampling exponent beta, annealed linearly to 1"""
     per_eps: float = 1e-3
     """added to every priority"""
+    per_weight_norm: Literal["batch", "buffer"] = "batch"
+    """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
+    whole dataset (cpprb's rule)"""
     updates_per_call: int = 50
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
@@ -146,6 +154,10 @@ class Args:
 
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
+
+
+class Diverged(Exception):
+    """The learner produced a non-finite loss: reported as one line, naming the SGD step."""
 
 
 def check_args(args: Args) -> None:
@@ -415,17 +427,21 @@ def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
 
 
 def per_example_loss(policy: Policy, mode: str, params, obs, action):
-    """l_i of the docstring for each example; `action` is an int (discrete) or in [-1, 1]."""
+    """(l_i, p_i - eps) of the docstring for each example; `action` is an int (discrete) or in
+    [-1, 1]. The priority is the loss itself except for the nll (see the docstring)."""
     out, log_std = policy.apply(params, obs)
     if mode == "discrete":
-        return -jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], axis=1)[:, 0]
+        loss = -jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], axis=1)[:, 0]
+        return loss, loss
     if mode == "mse":
-        return jnp.sum((jnp.tanh(out) - action) ** 2, axis=-1)
+        loss = jnp.sum((jnp.tanh(out) - action) ** 2, axis=-1)
+        return loss, loss
     # nll: log-density of the squashed Gaussian at the dataset's action.
     a = jnp.clip(action, -ACTION_EDGE, ACTION_EDGE)
     u = jnp.arctanh(a)
-    log_normal = -0.5 * (((u - out) / jnp.exp(log_std)) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
-    return -jnp.sum(log_normal - jnp.log(1.0 - a ** 2), axis=-1)
+    misfit = 0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2, axis=-1)
+    log_normaliser = jnp.sum(log_std, axis=-1) + 0.5 * out.shape[-1] * jnp.log(2.0 * jnp.pi)
+    return misfit + log_normaliser + jnp.sum(jnp.log(1.0 - a ** 2), axis=-1), misfit
 
 
 def deterministic_action(policy: Policy, mode: str, params, obs):
@@ -446,8 +462,8 @@ class PrioritizedDataset:
     which cannot read priorities back, so checkpoints can save them.
     """
 
-    def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float):
-        n = len(obs)
+    def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float, weight_norm: str = "batch"):
+        n, self.weight_norm = len(obs), weight_norm
         spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32},
                 "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype}}
         self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
@@ -457,16 +473,37 @@ class PrioritizedDataset:
         self.lock = threading.Lock()
         self.beta = 0.4  # set by the main loop; read by whoever samples
 
-    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray]:
+    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray]:
+        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
+        dataset, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights',
+        row indexes) at the current beta."""
+        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
+        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
+        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
+        # would give minibatch k only the k-th 1/K of the priority mass: a few consecutive rows
+        # of the file. One call per minibatch, all under one lock (one beta, one tree).
         with self.lock:
-            batch = self.buffer.sample(batch_size, beta=self.beta)
-        indexes = batch.pop("indexes").astype(np.int64)
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=self.beta)
+                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
+                draws.append(draw)
+        batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+        indexes = batch.pop("indexes")
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
-        batch["weights"] = batch["weights"].reshape(-1).astype(np.float32)
+        weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)
+        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the dataset's)
+            weights = weights / weights.max(axis=1, keepdims=True)
+        batch["weights"] = weights.reshape(-1)
         return batch, indexes
 
     def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
+        # each draw returns row 0 with NaN weights: refuse it before it gets there.
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+            raise ValueError("priorities must be finite and >= 0")
         with self.lock:
             self.buffer.update_priorities(indexes, priorities)
             self.priority[indexes] = priorities
@@ -482,6 +519,14 @@ class PrioritizedDataset:
             self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
             self.buffer.update_priorities(np.array([0]), priority[:1])
             self.priority[:] = priority
+
+
+def sample_batches(replay, batch_size: int, num_batches: int):
+    """What the learner gets for one call: (batches[K, B, ...] on the device, row indexes[K * B]).
+    Runs on the prefetch thread, so the device transfer is off the learner's path too."""
+    batch, indexes = replay.sample(batch_size, num_batches)
+    batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
+    return jax.device_put(batch), indexes
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -538,14 +583,15 @@ class Prefetcher:
 
 
 class PriorityWriter:
-    """Writes per-example losses back as priorities on a background thread.
+    """Writes the priorities of the sampled examples back on a background thread, and stops the
+    run on a non-finite one (with uniform sampling too: it only checks then).
 
     Reading the priorities waits for the learner's computation, so doing it here keeps that wait
     (and the lock) off the acting loop. flush() blocks until everything submitted is written.
     """
 
-    def __init__(self, replay: PrioritizedDataset):
-        self._replay = replay
+    def __init__(self, replay: PrioritizedDataset, write: bool = True):
+        self._replay, self._write = replay, write
         self._queue: queue.Queue = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
@@ -557,20 +603,31 @@ class PriorityWriter:
             try:
                 if item is None:
                     return
-                indexes, priorities = item
-                self._replay.update_priorities(indexes, np.asarray(priorities, np.float64).reshape(-1))
+                indexes, priorities, first_step = item
+                priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
+                finite = np.isfinite(priorities).all(axis=1)
+                if not finite.all():
+                    raise Diverged(f"the learner diverged: non-finite loss at SGD step "
+                                   f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
+                if self._write:
+                    self._replay.update_priorities(indexes, priorities.reshape(-1))
             except BaseException as e:
-                self._error = e
+                self._error = self._error or e  # the first one is the one to report
             finally:
                 self._queue.task_done()
 
-    def submit(self, indexes: np.ndarray, priorities: jax.Array) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-        self._queue.put((indexes, priorities))
+    def submit(self, indexes: np.ndarray, priorities: jax.Array, first_step: int) -> None:
+        """Queue the priorities[K, B] of the K SGD steps after SGD step first_step."""
+        self._raise()
+        self._queue.put((indexes, priorities, first_step))
 
     def flush(self) -> None:
         self._queue.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if isinstance(self._error, Diverged):
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
 
@@ -594,21 +651,21 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
 
 
 def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, per-example loss[K, B]): K SGD steps."""
+    """jit(state, batches[K, B, ...]) -> (state, metrics, priorities[K, B]): K SGD steps."""
     mean, std = jnp.asarray(stats.mean), jnp.asarray(stats.std)
 
     def loss_fn(params, batch):
-        losses = per_example_loss(policy, mode, params, (batch["obs"] - mean) / std, batch["action"])
-        return jnp.mean(batch["weights"] * losses), losses
+        losses, priorities = per_example_loss(policy, mode, params, (batch["obs"] - mean) / std, batch["action"])
+        return jnp.mean(batch["weights"] * losses), priorities
 
     def sgd_step(state: TrainState, batch: dict):
-        (loss, losses), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.sgd_steps + 1), (loss, losses)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.sgd_steps + 1), (loss, priorities)
 
     def update(state: TrainState, batches: dict):
-        state, (loss, losses) = jax.lax.scan(sgd_step, state, batches)
-        return state, {"losses/bc_loss": loss.mean()}, losses
+        state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
+        return state, {"losses/bc_loss": loss.mean()}, priorities
 
     return jax.jit(update, donate_argnums=0)
 
@@ -844,7 +901,7 @@ def main(args: Args) -> dict:
     params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, ds.observations.shape[1])))
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps)
+    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.per_weight_norm)
     update = make_update(policy, mode, optimizer, stats)
     act = make_act(policy, mode)
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {env_id}, loss {mode}")
@@ -872,10 +929,6 @@ def main(args: Args) -> dict:
             **model_info, "params": host_leaves(state.params), "train_state": host_leaves(state),
             "digest": digest, "priority": replay.priority.copy(), "max_priority": replay.max_priority()})
 
-    def sample_batches():
-        batch, indexes = replay.sample(args.updates_per_call * args.batch_size)
-        batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
-        return jax.device_put(batch), indexes
 
     def run_eval(step):
         returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
@@ -884,8 +937,9 @@ def main(args: Args) -> dict:
         return f"{returns.mean():.1f} (score {score:.1f})"
 
     updates = int(state.sgd_steps)
-    prefetcher = Prefetcher(sample_batches, args.prefetch_size)
-    writer = PriorityWriter(replay)
+    prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call),
+                            args.prefetch_size)
+    writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
     last_eval, metrics = "-", {}
     stop = StopRequest()
@@ -896,9 +950,8 @@ def main(args: Args) -> dict:
                 t0 = time.perf_counter()
                 batches, indexes = prefetcher.get()
                 t1 = time.perf_counter()
-                state, metrics, losses = update(state, batches)
-                if args.prioritized:  # with alpha = 0 the write would change nothing
-                    writer.submit(indexes, losses)
+                state, metrics, priorities = update(state, batches)
+                writer.submit(indexes, priorities, updates)
                 window["wait"] += t1 - t0
                 window["learn"] += time.perf_counter() - t0
                 before, updates = updates, updates + args.updates_per_call
@@ -918,8 +971,7 @@ def main(args: Args) -> dict:
                     checkpoint()
     finally:
         prefetcher.close()
-        writer.flush()
-        writer.close()
+        writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
     checkpoint()
     if stop.signum is not None:
         logger.close()
@@ -942,6 +994,9 @@ def cli(argv=None) -> int:
     except ConfigError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2
+    except Diverged as e:
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        return 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

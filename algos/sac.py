@@ -66,6 +66,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import csv
 import dataclasses
+import functools
 import json
 import pickle
 import queue
@@ -74,7 +75,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -104,7 +105,9 @@ class Args:
     hidden_sizes: Tuple[int, ...] = (256, 256)
     """widths of the hidden layers of the actor and of each critic"""
     policy_lr: float = 3e-4
-    """Adam learning rate of the actor and of log alpha"""
+    """Adam learning rate of the actor"""
+    alpha_lr: Optional[float] = None
+    """Adam learning rate of log alpha (default: --policy-lr)"""
     q_lr: float = 1e-3
     """Adam learning rate of the critics"""
     buffer_size: int = 1_000_000
@@ -124,7 +127,7 @@ class Args:
     huber_delta: float = 1e6
     """Huber threshold of the critic loss; the default is so large that it is the squared error"""
     alpha: float = 0.2
-    """entropy temperature when --no-autotune"""
+    """entropy temperature when --no-autotune; with --autotune, its initial value"""
     autotune: bool = True
     """learn the temperature to reach the target entropy"""
     target_entropy_scale: float = 1.0
@@ -143,6 +146,9 @@ class Args:
     """initial importance-sampling exponent beta, annealed linearly to 1"""
     per_eps: float = 1e-6
     """added to |TD| so that no transition has zero probability"""
+    per_weight_norm: Literal["batch", "buffer"] = "batch"
+    """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
+    whole buffer (cpprb's rule, which a single well-fitted transition can shrink; see README)"""
     updates_per_call: int = 32
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
@@ -180,6 +186,10 @@ class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
 
+class Diverged(Exception):
+    """The learner produced a non-finite TD error: reported as one line, naming the SGD step."""
+
+
 def check_args(args: Args) -> None:
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
                 "target_network_frequency", "policy_frequency", "train_frequency",
@@ -188,6 +198,8 @@ def check_args(args: Args) -> None:
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.alpha_lr is not None and args.alpha_lr <= 0:
+        raise ConfigError(f"--alpha-lr must be positive, got {args.alpha_lr}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         raise ConfigError(f"--hidden-sizes must be positive widths, got {args.hidden_sizes}")
     if args.batch_size > args.buffer_size:
@@ -411,8 +423,9 @@ class PrioritizedReplay:
 
     STAGE_ROWS = 128
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float):
-        self.capacity = capacity
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float,
+                 weight_norm: str = "batch"):
+        self.capacity, self.weight_norm = capacity, weight_norm
         shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (),
                   "discount": ()}
         spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
@@ -450,18 +463,38 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def sample(self, batch_size: int) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """(batch with IS 'weights', slot indexes, their write counts) at the current beta."""
+    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
+        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
+        indexes, their write counts) at the current beta."""
+        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
+        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
+        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
+        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
+        # One call per minibatch, all under one lock so that the K share one beta and one tree.
         with self.lock:
-            batch = self.buffer.sample(batch_size, beta=self.beta)
-            indexes = batch.pop("indexes").astype(np.int64)
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=self.beta)
+                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
+                draws.append(draw)
+            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+            indexes = batch.pop("indexes")
             stamps = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1).astype(np.float32)
+        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
+            weights = batch["weights"].reshape(num_batches, batch_size)
+            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
         return batch, indexes, stamps
 
     def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
         """Write |TD| back where the slot still holds the sampled transition; returns rows kept."""
+        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
+        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+            raise ValueError("priorities must be finite and >= 0")
         with self.lock:
             fresh = self.write_count[indexes] == stamps
             if fresh.any():
@@ -501,6 +534,14 @@ class PrioritizedReplay:
                 self.priority[:stored] = prio
             self.write_count[:] = 0
         self.staged = 0
+
+
+def sample_batches(replay, batch_size: int, num_batches: int):
+    """What the learner gets for one call: (batches[K, B, ...] on the device, slot indexes[K * B], write counts).
+    Runs on the prefetch thread, so the device transfer is off the learner's path too."""
+    batch, indexes, stamps = replay.sample(batch_size, num_batches)
+    batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
+    return jax.device_put(batch), indexes, stamps
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -557,14 +598,15 @@ class Prefetcher:
 
 
 class PriorityWriter:
-    """Writes |TD| back into the replay on a background thread.
+    """Writes |TD| back into the replay on a background thread, and stops the run on a
+    non-finite one (with uniform replay too: it only checks then).
 
     Reading the priorities waits for the learner's computation, so doing it here keeps that wait
     (and the lock) off the acting loop. flush() blocks until everything submitted is written.
     """
 
-    def __init__(self, replay: PrioritizedReplay):
-        self._replay = replay
+    def __init__(self, replay: PrioritizedReplay, write: bool = True):
+        self._replay, self._write = replay, write
         self._queue: queue.Queue = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
@@ -576,20 +618,31 @@ class PriorityWriter:
             try:
                 if item is None:
                     return
-                indexes, stamps, priorities = item
-                self._replay.update_priorities(indexes, stamps, np.asarray(priorities, np.float64).reshape(-1))
+                indexes, stamps, priorities, first_step = item
+                priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
+                finite = np.isfinite(priorities).all(axis=1)
+                if not finite.all():
+                    raise Diverged(f"the learner diverged: non-finite TD error at SGD step "
+                                   f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
+                if self._write:
+                    self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
             except BaseException as e:
-                self._error = e
+                self._error = self._error or e  # the first one is the one to report
             finally:
                 self._queue.task_done()
 
-    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-        self._queue.put((indexes, stamps, priorities))
+    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array, first_step: int) -> None:
+        """Queue the |TD|[K, B] of the K SGD steps after SGD step first_step."""
+        self._raise()
+        self._queue.put((indexes, stamps, priorities, first_step))
 
     def flush(self) -> None:
         self._queue.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if isinstance(self._error, Diverged):
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
 
@@ -623,7 +676,8 @@ class Nets(NamedTuple):
 
 def make_nets(args: Args, action_dim: int) -> Nets:
     return Nets(Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes),
-                optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.policy_lr))
+                optax.adam(args.policy_lr), optax.adam(args.q_lr),
+                optax.adam(args.policy_lr if args.alpha_lr is None else args.alpha_lr))
 
 
 def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
@@ -986,7 +1040,7 @@ def main(args: Args) -> dict:
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(nets, args, obs_dim, action_dim, init_key)
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
+    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
     nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
     act = make_act(nets.actor)
     update = make_update(nets, args, action_dim)
@@ -1016,10 +1070,6 @@ def main(args: Args) -> dict:
             "key": np.asarray(key), "global_step": global_step, "episodes": episodes,
             "replay": replay.state_dict() if args.checkpoint_replay else None})
 
-    def sample_batches():
-        batch, indexes, stamps = replay.sample(args.updates_per_call * args.batch_size)
-        batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
-        return jax.device_put(batch), indexes, stamps
 
     # The envs restart on resume (their state is not checkpointed); the seed moves with the step
     # so that a resumed run does not replay the episodes it began with.
@@ -1027,7 +1077,7 @@ def main(args: Args) -> dict:
     ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
     sgd_done = int(state.sgd_steps)
     prefetcher: Optional[Prefetcher] = None
-    writer = PriorityWriter(replay)
+    writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     metrics: dict = {}
     window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
     next_eval = (global_step // args.eval_every + 1) * args.eval_every
@@ -1065,13 +1115,13 @@ def main(args: Args) -> dict:
                     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
                     replay.flush()
                     if prefetcher is None:
-                        prefetcher = Prefetcher(sample_batches, args.prefetch_size)
+                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call)
+                        prefetcher = Prefetcher(sample, args.prefetch_size)
                     t0 = time.perf_counter()
                     batches, indexes, stamps = prefetcher.get()
                     t1 = time.perf_counter()
                     state, metrics, priorities = update(state, batches, key)
-                    if args.prioritized:  # with alpha = 0 the write would change nothing
-                        writer.submit(indexes, stamps, priorities)
+                    writer.submit(indexes, stamps, priorities, sgd_done)
                     window["wait"] += t1 - t0
                     window["learn"] += time.perf_counter() - t0
                     sgd_done += args.updates_per_call
@@ -1105,8 +1155,7 @@ def main(args: Args) -> dict:
     finally:
         if prefetcher is not None:
             prefetcher.close()
-        writer.flush()
-        writer.close()
+        writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
         envs.close()
     checkpoint()
     if stop.signum is not None:
@@ -1135,6 +1184,9 @@ def cli(argv=None) -> int:
     except ConfigError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2
+    except Diverged as e:
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        return 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

@@ -103,29 +103,50 @@ def test_trajectory_split_at_terminals_and_timeouts_and_top_fraction():
     assert bc.top_fraction_mask(ds, 1.0).all()
 
 
-def test_losses_match_references():
+def test_losses_and_priorities_match_references():
     rng = np.random.default_rng(2)
     obs = rng.normal(size=(16, 3)).astype(np.float32)
-    # discrete: cross-entropy
+    # discrete: cross-entropy, which is also the priority
     pol = bc.Policy(4, (8,), False)
     params = pol.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     actions = rng.integers(0, 4, 16)
     logits = np.asarray(pol.apply(params, obs)[0])
     ref = -(logits[np.arange(16), actions] - np.log(np.exp(logits).sum(1)))
-    np.testing.assert_allclose(bc.per_example_loss(pol, "discrete", params, obs, actions), ref, rtol=1e-5)
-    # mse on tanh outputs
+    loss, prio = bc.per_example_loss(pol, "discrete", params, obs, actions)
+    np.testing.assert_allclose(loss, ref, rtol=1e-5)
+    np.testing.assert_allclose(prio, ref, rtol=1e-5)
+    # mse on tanh outputs, also the priority
     pol = bc.Policy(2, (8,), False)
     params = pol.init(jax.random.PRNGKey(1), jnp.zeros((1, 3)))
     a = rng.uniform(-1, 1, (16, 2)).astype(np.float32)
     ref = ((np.tanh(np.asarray(pol.apply(params, obs)[0])) - a) ** 2).sum(1)
-    np.testing.assert_allclose(bc.per_example_loss(pol, "mse", params, obs, a), ref, rtol=1e-5)
-    # nll of the tanh-Gaussian
+    loss, prio = bc.per_example_loss(pol, "mse", params, obs, a)
+    np.testing.assert_allclose(loss, ref, rtol=1e-5)
+    np.testing.assert_allclose(prio, ref, rtol=1e-5)
+    # nll of the tanh-Gaussian; its priority is the misfit term 0.5 * sum ((u - mu) / sigma)^2
     pol = bc.Policy(2, (8,), True)
     params = pol.init(jax.random.PRNGKey(2), jnp.zeros((1, 3)))
     mu, log_std = (np.asarray(x) for x in pol.apply(params, obs))
     u, sigma = np.arctanh(a), np.exp(log_std)
     ref = -(-0.5 * ((u - mu) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a ** 2)).sum(1)
-    np.testing.assert_allclose(bc.per_example_loss(pol, "nll", params, obs, a), ref, rtol=1e-4, atol=1e-4)
+    loss, prio = bc.per_example_loss(pol, "nll", params, obs, a)
+    np.testing.assert_allclose(loss, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(prio, 0.5 * (((u - mu) / sigma) ** 2).sum(1), rtol=1e-4, atol=1e-5)
+
+
+def test_nll_priority_is_non_negative_where_the_nll_is_negative():
+    """A well-fitted example has a negative nll (a density above 1); its priority must still be
+    >= 0, or cpprb's sum tree turns NaN (issue 11: --loss nll --prioritized ended in NaN)."""
+    pol = bc.Policy(1, (8,), True)
+    params = pol.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
+    obs = np.zeros((4, 2), np.float32)
+    # Shrink sigma by hand (shift the log-std head's bias) and put the data at the mean.
+    log_std_head = params["params"]["Dense_2"]  # Dense_0: hidden, Dense_1: mean, Dense_2: log-std
+    log_std_head["bias"] = log_std_head["bias"] - 6.0
+    mu, _ = (np.asarray(x) for x in pol.apply(params, obs))
+    loss, prio = bc.per_example_loss(pol, "nll", params, obs, np.tanh(mu))
+    assert np.all(np.asarray(loss) < 0)
+    assert np.all(np.asarray(prio) >= 0) and np.all(np.isfinite(np.asarray(prio)))
 
 
 def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path, capsys):

@@ -161,14 +161,51 @@ def test_priority_writer_applies_updates_and_reports_errors():
     _, idx, stamps = rp.sample(16)
     w = dqn.PriorityWriter(rp)
     td = np.arange(16, dtype=np.float32).reshape(2, 8)  # [K, B] as the learner returns them
-    w.submit(idx, stamps, td)
+    w.submit(idx, stamps, td, 0)
     w.flush()
     last = {}
     for i, p in zip(idx, np.abs(td).reshape(-1)):
         last[int(i)] = p
     for i, p in last.items():
         assert rp.priority[i] == p
-    w.submit(idx[:3], stamps[:2], np.ones(3))  # mismatched lengths: fails in the thread
+    w.submit(idx[:3], stamps[:2], np.ones((1, 3)), 2)  # mismatched lengths: fails in the thread
     with pytest.raises(RuntimeError, match="priority writer failed"):
+        w.flush()
+    w.close()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tree(bad):
+    rp = make(capacity=8, alpha=1.0, eps=0.0)
+    rp.add(rows(8)); rp.flush()
+    before = rp.priority.copy()
+    _, idx, stamps = rp.sample(4, 3)
+    td = np.ones((3, 4))
+    td[2, 1] = bad  # the third of the K = 3 steps after SGD step 100
+    w = dqn.PriorityWriter(rp)
+    w.submit(idx, stamps, td, 100)
+    with pytest.raises(dqn.Diverged, match="SGD step 103"):
+        w.flush()
+    w.close()
+    np.testing.assert_array_equal(rp.priority, before)
+    batch, _, _ = rp.sample(8)
+    assert np.isfinite(batch["weights"]).all()
+    # The replay itself refuses what would poison cpprb's sums, whoever calls it.
+    for poison in (np.nan, -1.0):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            rp.update_priorities(idx[:1], stamps[:1], np.array([poison]))
+
+
+def test_uniform_runs_check_for_divergence_but_write_nothing():
+    rp = make(capacity=8, alpha=0.0, eps=1e-6)
+    rp.add(rows(8)); rp.flush()
+    before = rp.priority.copy()
+    _, idx, stamps = rp.sample(4, 2)
+    w = dqn.PriorityWriter(rp, write=False)
+    w.submit(idx, stamps, np.full((2, 4), 5.0), 0)
+    w.flush()
+    np.testing.assert_array_equal(rp.priority, before)
+    w.submit(idx, stamps, np.full((2, 4), np.nan), 64)
+    with pytest.raises(dqn.Diverged, match="SGD step 65"):
         w.flush()
     w.close()
