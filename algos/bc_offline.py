@@ -5,11 +5,13 @@ What it implements
     arXiv:2004.07219, and Emmons et al. 2021, arXiv:2112.10751), with "x% BC" (train on the best
     fraction of trajectories by return; Chen et al. 2021, "Decision Transformer",
     arXiv:2106.01345, section 5.3).
-  * Optional prioritized sampling of the dataset by per-example loss (proportional PER,
-    Schaul et al. 2016, arXiv:1511.05952, on cpprb) with importance-weighted loss.
+  * Optional prioritized sampling of the dataset by per-example loss (for the nll, its misfit
+    term; proportional PER, Schaul et al. 2016, arXiv:1511.05952, on cpprb) with
+    importance-weighted loss.
   * The same learner machinery as the project's online scripts: a prefetch thread that samples
     and puts batches on the device, K SGD steps fused in one jitted `lax.scan`, priorities
-    written back from another thread.
+    written back from another thread. Each of the K minibatches of a call is its own stratified
+    draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample).
 
 Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without --prioritized)
   discrete actions:          l_i = -log softmax(f(s_i))[a_i]                      (cross-entropy)
@@ -17,11 +19,12 @@ Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without 
   continuous, --loss nll:    l_i = -log pi(a~_i|s_i),  pi = tanh(N(mu(s), sigma(s))):
                              log pi(a~) = log N(atanh(a~); mu, sigma) - sum_j log(1 - a~_j^2)
   with s normalised by the dataset's mean and std (saved with the model, used at evaluation).
-  Priorities p_i = l_i + eps for cross-entropy and mse. The nll of a density can be negative (and
-  has no lower bound as sigma shrinks), so its priority is its data-fit term alone,
-  p_i = (1/2) sum_j ((atanh(a~_ij) - mu_ij) / sigma_ij)^2 + eps >= 0: how many standard deviations
-  the data's action lies from the policy, without the log-normaliser and the tanh Jacobian, which
-  do not measure the fit. P(i) = p_i^alpha / sum p^alpha, w_i = (N P(i))^-beta / max_j w_j with the
+  Priorities p_i = l_i + eps for cross-entropy and mse. The nll of a density goes negative once
+  sigma is small (a density above 1), and a negative priority would turn cpprb's sums into NaN,
+  so its priority is its data-fit term alone,
+  p_i = (1/2) sum_j ((atanh(a~_ij) - mu_ij) / sigma_ij)^2 + eps >= 0: half the squared distance
+  of the data's action from the policy's mean in standard deviations, without the log-normaliser
+  and the tanh Jacobian, which do not measure the fit. P(i) = p_i^alpha / sum p^alpha, w_i = (N P(i))^-beta / max_j w_j with the
   max over the minibatch (--per-weight-norm batch) or the whole dataset (buffer).
   Evaluation acts deterministically: argmax, tanh(f(s)) or tanh(mu(s)), mapped to the bounds.
   Normalised score = 100 * (R - ref_min) / (ref_max - ref_min).
@@ -59,7 +62,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import csv
 import dataclasses
 import functools
-import glob
 import hashlib
 import json
 import pickle
@@ -114,8 +116,8 @@ class Args:
     normalize_obs: bool = True
     """standardise observations with the dataset's mean and std"""
     prioritized: bool = False
-    """sample examples in proportion to their loss (IS-weighted); off by default: on the shipped
-    datasets it matched uniform sampling or trailed it (3 seeds, see README)"""
+    """sample examples in proportion to their loss (the nll: its misfit term; IS-weighted); off
+    by default: on the shipped datasets it matched uniform sampling or trailed it (see README)"""
     per_alpha: float = 0.6
     """priority exponent alpha"""
     per_beta0: float = 0.4
@@ -157,7 +159,7 @@ class ConfigError(Exception):
 
 
 class Diverged(Exception):
-    """The learner produced a non-finite loss: reported as one line, naming the SGD step."""
+    """The learner produced a non-finite loss or parameters: one line, naming the SGD step."""
 
 
 def check_args(args: Args) -> None:
@@ -482,10 +484,11 @@ class PrioritizedDataset:
         # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
         # would give minibatch k only the k-th 1/K of the priority mass: a few consecutive rows
         # of the file. One call per minibatch, all under one lock (one beta, one tree).
+        beta = self.beta  # read once: the main loop may move it meanwhile
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=self.beta)
+                draw = self.buffer.sample(batch_size, beta=beta)
                 # cpprb returns indexes and weights in arrays that its next sample() overwrites.
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
@@ -607,7 +610,7 @@ class PriorityWriter:
                 priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
                 finite = np.isfinite(priorities).all(axis=1)
                 if not finite.all():
-                    raise Diverged(f"the learner diverged: non-finite loss at SGD step "
+                    raise Diverged(f"the learner diverged: non-finite loss or parameters at SGD step "
                                    f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
                 if self._write:
                     self._replay.update_priorities(indexes, priorities.reshape(-1))
@@ -661,7 +664,11 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats):
     def sgd_step(state: TrainState, batch: dict):
         (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.sgd_steps + 1), (loss, priorities)
+        params = optax.apply_updates(state.params, updates)
+        # A step whose new parameters are not finite reports NaN priorities, so the priority
+        # writer stops the run here rather than one call later (after a checkpoint, maybe).
+        priorities = jnp.where(jnp.isfinite(optax.global_norm(params)), priorities, jnp.nan)
+        return TrainState(params, opt_state, state.sgd_steps + 1), (loss, priorities)
 
     def update(state: TrainState, batches: dict):
         state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
@@ -929,7 +936,6 @@ def main(args: Args) -> dict:
             **model_info, "params": host_leaves(state.params), "train_state": host_leaves(state),
             "digest": digest, "priority": replay.priority.copy(), "max_priority": replay.max_priority()})
 
-
     def run_eval(step):
         returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
         score = normalized_score(returns, ref_min, ref_max)
@@ -991,12 +997,9 @@ def cli(argv=None) -> int:
     args = tyro.cli(Args, args=argv)
     try:
         result = main(args)
-    except ConfigError as e:
+    except (ConfigError, Diverged) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
-        return 2
-    except Diverged as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

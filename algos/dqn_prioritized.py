@@ -21,11 +21,18 @@ Update equations (one SGD step on a batch of B transitions i, each spanning k_i 
   delta_i  = y_i - Q(s_i, a_i; theta)
   L(theta) = (1/B) sum_i w_i * huber(delta_i)
   P(i)     = p_i^alpha / sum_j p_j^alpha,   p_i = |delta_i| + eps,  new transitions get max_j p_j
-  w_i      = (N * P(i))^-beta / max_j (N * P(j))^-beta
-             cpprb normalises by the largest weight over the whole buffer (the transition with the
-             smallest priority), not over the batch, so every w_i <= 1 and the scale of the loss
-             does not depend on which transitions happened to be drawn together.
+  w_i      = (N * P(i))^-beta / max_{j in minibatch} (N * P(j))^-beta
+             normalised over the minibatch, as Acme and Dopamine do (--per-weight-norm batch).
+             cpprb's own rule divides by the largest weight over the whole buffer, i.e. by the
+             transition with the smallest priority: one transition fitted to |delta| ~ 0 then
+             shrinks every weight (mean sampled weight 4e-4 to 7e-4 at the end of the CartPole
+             runs, against 0.10 to 0.14 per minibatch), so the effective step size collapses and
+             the gradient clip never acts. On CartPole-v1 the minibatch rule reached 475 sooner
+             (README).
   beta     annealed linearly from --per-beta0 to 1 over --total-timesteps.
+  Sampling: each of the K minibatches of one fused call is its own stratified draw over the whole
+             buffer (B strata of the total priority, the paper's rule per minibatch); see
+             PrioritizedReplay.sample for why one draw of K*B rows cut into K would be wrong.
   theta_target <- tau * theta + (1 - tau) * theta_target   every --target-network-frequency SGD steps.
 
 --no-prioritized runs exactly the same code with alpha = 0: every P(i) = 1/N and every w_i = 1,
@@ -241,7 +248,7 @@ class ConfigError(Exception):
 
 
 class Diverged(Exception):
-    """The learner produced a non-finite TD error: reported as one line, naming the SGD step."""
+    """The learner produced a non-finite TD error or parameters: one line, naming the SGD step."""
 
 
 def check_args(args: Args) -> None:
@@ -602,16 +609,16 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def _sample_rows(self, batch_size: int, num_batches: int) -> Tuple[dict, np.ndarray, np.ndarray]:
+    def _sample_rows(self, batch_size: int, num_batches: int, beta: float) -> Tuple[dict, np.ndarray, np.ndarray]:
         # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
         # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
         # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
         # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
-        # One call per minibatch, all under one lock so that the K share one beta and one tree.
+        # One call per minibatch, all under one lock so that the K see one tree.
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=self.beta)
+                draw = self.buffer.sample(batch_size, beta=beta)
                 # cpprb returns indexes and weights in arrays that its next sample() overwrites.
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
@@ -630,15 +637,18 @@ class PrioritizedReplay:
 
         With a FrameStore the frame numbers become pixels here, on the prefetch thread; a row
         whose frames were overwritten is replaced by a fresh draw (counted in self.redrawn)."""
-        batch, indexes, stamps = self._sample_rows(batch_size, num_batches)
+        beta = self.beta  # one beta for the whole call, redraws included
+        batch, indexes, stamps = self._sample_rows(batch_size, num_batches, beta)
         if self.frames is not None:
             obs, obs_ok = self.frames.read(batch["obs"])
             next_obs, next_ok = self.frames.read(batch["next_obs"])
             bad = np.flatnonzero(~(obs_ok & next_ok))
             while bad.size:
+                # Row by row: redrawing whole minibatches would rarely succeed once a few percent
+                # of rows are stale. A redrawn row's cpprb weight is relative to the smallest
+                # priority at its own draw, which a flush in between can change (rarely, slightly).
                 self.redrawn += bad.size
-                fresh, fresh_indexes, fresh_stamps = self._sample_rows(bad.size, 1)
-                indexes[bad], stamps[bad] = fresh_indexes, fresh_stamps
+                fresh, indexes[bad], stamps[bad] = self._sample_rows(bad.size, 1, beta)
                 for key, column in fresh.items():
                     batch[key][bad] = column
                 obs[bad], obs_ok = self.frames.read(fresh["obs"])
@@ -802,7 +812,7 @@ class PriorityWriter:
                 priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
                 finite = np.isfinite(priorities).all(axis=1)
                 if not finite.all():
-                    raise Diverged(f"the learner diverged: non-finite TD error at SGD step "
+                    raise Diverged(f"the learner diverged: non-finite TD error or parameters at SGD step "
                                    f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
                 if self._write:
                     self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
@@ -882,6 +892,9 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         target_params = optax.periodic_update(
             optax.incremental_update(params, state.target_params, args.tau),
             state.target_params, sgd_steps, args.target_network_frequency)
+        # A step whose new parameters are not finite reports NaN priorities, so the priority
+        # writer stops the run here rather than one call later (after a checkpoint, maybe).
+        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
         return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict):
@@ -1192,7 +1205,6 @@ def main(args: Args) -> dict:
             "key": np.asarray(key), "global_step": global_step, "episodes": episodes,
             "replay": replay.state_dict() if args.checkpoint_replay else None})
 
-
     # The envs restart on resume (their state is not checkpointed); the seed moves with the step
     # so that a resumed run does not replay the episodes it began with.
     obs = seed_envs(envs, args.seed + global_step)
@@ -1327,12 +1339,9 @@ def cli(argv=None) -> int:
     args = parse_args(argv)
     try:
         result = main(args)
-    except ConfigError as e:
+    except (ConfigError, Diverged) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
-        return 2
-    except Diverged as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

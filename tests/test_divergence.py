@@ -51,20 +51,23 @@ def test_a_non_finite_td_error_ends_the_run_in_one_line_naming_the_step(script, 
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "diverged" in err and "SGD step" in err
     step = int(err.split("SGD step ")[1].split(";")[0])
-    # The poisoned transitions enter the replay after env step 400; learning starts at 200 with
+    # The poisoned transitions enter the replay from env step 400; learning starts at 200 with
     # one SGD step per env step (SAC) or per 2 (DQN), so the first bad step comes after that.
-    assert 0 < step <= (3000 - 200)
-    assert not os.path.exists(os.path.join(run_dir, "model.pkl"))  # a diverged run saves no model
+    per_step = 2 if script is dqn else 1
+    assert (400 - 200) // per_step < step <= (3000 - 200) // per_step
+    # A diverged run saves neither a model nor a checkpoint of the diverged parameters.
+    assert not os.path.exists(os.path.join(run_dir, "model.pkl"))
+    assert not os.path.exists(os.path.join(run_dir, "checkpoint.pkl"))
 
 
 def test_bc_divergence_is_one_line_naming_the_step(monkeypatch, tmp_path, capsys):
     real = bc.per_example_loss
 
-    def nan_after_a_while(policy, mode, params, obs, action):
+    def always_nan(policy, mode, params, obs, action):
         loss, priority = real(policy, mode, params, obs, action)
         return loss * np.nan, priority * np.nan  # every step: the first call is already bad
 
-    monkeypatch.setattr(bc, "per_example_loss", nan_after_a_while)
+    monkeypatch.setattr(bc, "per_example_loss", always_nan)
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
     assert bc.cli(["--dataset", data, "--total-updates", "100", "--updates-per-call", "10", "--batch-size", "32",
                    "--hidden-sizes", "16", "--run-dir", str(tmp_path / "run")]) == 1

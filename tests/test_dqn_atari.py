@@ -112,6 +112,20 @@ def test_sample_decodes_the_sampled_rows_and_never_returns_overwritten_frames():
         np.testing.assert_array_equal(batch["next_obs"], truth["next_obs"][indexes])
     assert compressed.redrawn > 0  # the guard was exercised, not just present
 
+    # K minibatches per call, as the learner gets them, with varied priorities: rows still match
+    # their slots after redraws, and each minibatch's weights are (p + eps)^(-alpha beta) divided
+    # by that minibatch's largest one.
+    prio = rng.uniform(0.1, 3.0, capacity)
+    compressed.update_priorities(np.arange(capacity), compressed.write_count.copy(), prio)
+    compressed.beta, before = 0.5, compressed.redrawn
+    for _ in range(20):
+        batch, indexes, _ = compressed.sample(32, 8)
+        np.testing.assert_array_equal(batch["obs"], truth["obs"][indexes])
+        np.testing.assert_array_equal(batch["next_obs"], truth["next_obs"][indexes])
+        raw = ((prio[indexes] + 1e-6) ** (-0.6 * 0.5)).reshape(8, 32)
+        np.testing.assert_allclose(batch["weights"].reshape(8, 32), raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
+    assert compressed.redrawn > before
+
 
 def test_replay_memory_per_transition_is_about_one_frame():
     """Bound, for 84x84 frames (7,056 B): one frame per transition plus the ring's margin

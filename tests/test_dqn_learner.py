@@ -121,3 +121,26 @@ def test_epsilon_greedy_act():
     a1 = np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1)))
     np.testing.assert_array_equal(a1, np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1))))
     assert np.any(a1 != np.asarray(act(params, obs, np.float32(1.0), key, np.int32(2))))
+
+
+def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that_step():
+    """The TD of step k uses the parameters from before it, so a blow-up in the last step of a
+    call would otherwise surface one call later, possibly after a checkpoint of the bad state."""
+    rng = np.random.default_rng(3)
+    args = dqn.Args(hidden_sizes=(16,), updates_per_call=3, learning_rate=1e38, anneal_lr=False,
+                    max_grad_norm=1e30)
+    net = dqn.QNetwork(2, args.hidden_sizes)
+    optimizer = dqn.make_optimizer(args, 100)
+    state = dqn.init_train_state(net, optimizer, (4,), jax.random.PRNGKey(0))
+    batches = [random_batch(rng, 8, 4, 2) for _ in range(3)]
+    stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+    _, _, priorities = dqn.make_update(net.apply, optimizer, args)(state, stacked)
+    priorities = np.asarray(priorities)
+    # Adam moves every weight by ~lr = 1e38 in step 1: the parameters' norm is no longer finite,
+    # while step 1's TD itself was computed with the finite initial parameters.
+    assert np.isnan(priorities[0]).all() and np.isnan(priorities).all()
+    ok_args = dqn.Args(hidden_sizes=(16,), updates_per_call=3)
+    ok_opt = dqn.make_optimizer(ok_args, 100)
+    ok_state = dqn.init_train_state(net, ok_opt, (4,), jax.random.PRNGKey(0))
+    _, _, ok = dqn.make_update(net.apply, ok_opt, ok_args)(ok_state, stacked)
+    assert np.isfinite(np.asarray(ok)).all()

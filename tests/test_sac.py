@@ -223,3 +223,26 @@ def test_import_has_no_side_effects_and_cli_errors_have_no_traceback():
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
     out = subprocess.run([sys.executable, SCRIPT, "--env-id", "Acrobot-v1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "Box action space" in out.stderr
+
+
+def test_alpha_lr_sets_the_temperature_step_and_only_it():
+    """Adam's first step moves a parameter by about its learning rate, whatever the gradient's size."""
+    def first_steps(**kw):
+        nets = sac.make_nets(sac.Args(**kw), 1)
+        log_alpha = jnp.zeros(())
+        alpha_step, _ = nets.alpha_tx.update(jnp.asarray(5.0), nets.alpha_tx.init(log_alpha), log_alpha)
+        actor_params = {"w": jnp.zeros(3)}
+        actor_step, _ = nets.actor_tx.update({"w": jnp.ones(3)}, nets.actor_tx.init(actor_params), actor_params)
+        return abs(float(alpha_step)), abs(float(actor_step["w"][0]))
+    np.testing.assert_allclose(first_steps(policy_lr=3e-4, q_lr=1e-3), (1e-3, 3e-4), rtol=1e-3)  # default: q_lr
+    np.testing.assert_allclose(first_steps(policy_lr=3e-4, alpha_lr=1e-2), (1e-2, 3e-4), rtol=1e-3)
+
+
+def test_the_temperature_starts_at_alpha_init_or_stays_at_alpha():
+    def start(**kw):
+        args = sac.Args(hidden_sizes=(8,), **kw)
+        state = sac.init_train_state(sac.make_nets(args, 1), args, 3, 1, jax.random.PRNGKey(0))
+        return float(jnp.exp(state.log_alpha))
+    assert start() == pytest.approx(1.0)
+    assert start(alpha_init=0.3) == pytest.approx(0.3)
+    assert start(autotune=False, alpha=0.05) == pytest.approx(0.05)
