@@ -5,8 +5,8 @@
 #
 #   quick     minutes on a CPU: default flags of each script on its default task
 #             (DQN CartPole-v1, SAC Pendulum-v1, BC on the Pendulum and CartPole datasets); 3 seeds
-#   full      the README's table: DQN CartPole-v1, Acrobot-v1, LunarLander-v3; SAC Pendulum-v1,
-#             HalfCheetah-v5, Hopper-v5 (100k steps); BC on the three shipped datasets
+#   full      the README's table: DQN CartPole-v1, Acrobot-v1, MountainCar-v0, LunarLander-v3; SAC
+#             Pendulum-v1 and HalfCheetah/Hopper/Walker2d/Ant-v5 (100k steps, only --env-id set); BC on the three shipped datasets
 #             (expert Pendulum and CartPole, medium HalfCheetah); 5 seeds
 #   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
 #             HalfCheetah-v5 PER off/on; BC on the three shipped datasets PER off/on; 5 seeds
@@ -82,7 +82,7 @@ seeds() {
 }
 
 DQN=dqn_prioritized.py SAC=sac.py BC=bc_offline.py
-MUJOCO=(--total-timesteps 100000 --learning-starts 5000 --eval-every 10000)
+MUJOCO=(--total-timesteps 100000)  # the defaults a user gets with only --env-id (issue 11)
 MEDIUM=data/halfcheetah-sac-medium.hdf5
 case "$MODE" in
   quick)
@@ -97,11 +97,14 @@ case "$MODE" in
     [ -f "$MEDIUM" ] || die "$MEDIUM is missing: make it with the command in README.md (Datasets)"
     seeds full dqn CartPole-v1 $DQN
     seeds full dqn Acrobot-v1 $DQN --env-id Acrobot-v1
+    seeds full dqn MountainCar-v0 $DQN --env-id MountainCar-v0 --total-timesteps 500000 --eval-every 25000
     seeds full dqn LunarLander-v3 $DQN --env-id LunarLander-v3 --total-timesteps 500000 \
       --buffer-size 100000 --eval-every 25000
     seeds full sac Pendulum-v1 $SAC
     seeds full sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
     seeds full sac Hopper-v5 $SAC --env-id Hopper-v5 "${MUJOCO[@]}"
+    seeds full sac Walker2d-v5 $SAC --env-id Walker2d-v5 "${MUJOCO[@]}"
+    seeds full sac Ant-v5 $SAC --env-id Ant-v5 "${MUJOCO[@]}"
     seeds full bc pendulum-sac-expert $BC --dataset data/pendulum-sac-expert.hdf5
     seeds full bc cartpole-dqn-expert $BC --dataset data/cartpole-dqn-expert.hdf5
     seeds full bc halfcheetah-sac-medium $BC --dataset "$MEDIUM"

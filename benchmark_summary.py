@@ -44,8 +44,9 @@ import numpy as np
 # Return thresholds for "steps to threshold": gymnasium's EnvSpec.reward_threshold where it has
 # one; Pendulum-v1 has none, so it gets the -200 bar the SAC issue set. BC runs are measured on
 # the normalised score instead (90 = 90% of the way from a random to the dataset policy).
-RETURN_THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "LunarLander-v3": 200.0,
-                     "Pendulum-v1": -200.0, "HalfCheetah-v5": 4800.0, "Hopper-v5": 3800.0}
+RETURN_THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0,
+                     "LunarLander-v3": 200.0, "Pendulum-v1": -200.0, "HalfCheetah-v5": 4800.0,
+                     "Hopper-v5": 3800.0, "Ant-v5": 6000.0}  # Walker2d-v5 has none
 NORMALIZED_SCORE_THRESHOLD = 90.0
 BOOTSTRAP_SAMPLES = 10_000
 
