@@ -32,7 +32,7 @@ Update equations (one SGD step on a batch of B transitions i, each spanning k_i 
   beta     annealed linearly from --per-beta0 to 1 over --total-timesteps.
   Sampling: each of the K minibatches of one fused call is its own stratified draw over the whole
              buffer (B strata of the total priority, the paper's rule per minibatch); see
-             PrioritizedReplay.sample for why one draw of K*B rows cut into K would be wrong.
+             PrioritizedReplay._sample_rows for why one draw of K*B rows cut into K would be wrong.
   theta_target <- tau * theta + (1 - tau) * theta_target   every --target-network-frequency SGD steps.
 
 --no-prioritized runs exactly the same code with alpha = 0: every P(i) = 1/N and every w_i = 1,
@@ -646,7 +646,7 @@ class PrioritizedReplay:
             while bad.size:
                 # Row by row: redrawing whole minibatches would rarely succeed once a few percent
                 # of rows are stale. A redrawn row's cpprb weight is relative to the smallest
-                # priority at its own draw, which a flush in between can change (rarely, slightly).
+                # priority at its own draw, which a flush in between can change (not measured).
                 self.redrawn += bad.size
                 fresh, indexes[bad], stamps[bad] = self._sample_rows(bad.size, 1, beta)
                 for key, column in fresh.items():
