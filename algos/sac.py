@@ -49,7 +49,7 @@ Run
   python algos/sac.py                                       # Pendulum-v1, 20k steps
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
   python algos/sac.py --resume runs/<run>                   # continue an interrupted run
-  python algos/sac.py --eval-only --load runs/<run>/model.pkl
+  python algos/sac.py --eval-only --load runs/<run>/model.npz
   python algos/sac.py --save-dataset data/pendulum.hdf5 --dataset-noise 0.3   # data for BC
   python algos/sac.py --help                                # every flag
 
@@ -58,7 +58,8 @@ Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
   charts/episodic_return, charts/episodic_length, charts/SPS, losses/qf_loss, losses/qf_values,
   losses/actor_loss, losses/alpha, losses/alpha_loss, losses/entropy, eval/episodic_return(_std),
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
-  checkpoint.pkl (latest, written atomically) and model.pkl (final actor).
+  checkpoint.npz (latest, written atomically) and model.npz (final actor): arrays and JSON,
+  read without pickle.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ import csv
 import dataclasses
 import functools
 import json
-import pickle
 import queue
 import signal
 import sys
@@ -93,7 +93,7 @@ import optax
 import tyro
 
 SCRIPT = "sac"
-CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the clip of the SAC authors' code (softlearning)
 
 
@@ -174,12 +174,12 @@ class Args:
     run_dir: Optional[str] = None
     """output folder; default runs/<env_id>__sac__<seed>__<unix_time>"""
     resume: Optional[str] = None
-    """run folder to continue from its checkpoint.pkl (its args.json is reused; flags given
-    here that differ from their defaults override it)"""
+    """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
+    here override it; a larger --total-timesteps re-stretches the schedules, see README)"""
     eval_only: bool = False
     """evaluate the actor in --load and exit"""
     load: Optional[str] = None
-    """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+    """model.npz or checkpoint.npz (or a run folder) to evaluate with --eval-only"""
     save_dataset: Optional[str] = None
     """after training (or with --eval-only), write rollouts of the policy to this .hdf5 file in
     D4RL's layout, for algos/bc_offline.py"""
@@ -194,7 +194,11 @@ class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
 
-class Diverged(Exception):
+class RunFailed(Exception):
+    """The run cannot go on (a checkpoint that cannot be written, divergence): one line, exit 1."""
+
+
+class Diverged(RunFailed):
     """The learner produced a non-finite TD error or parameters: one line, naming the SGD step."""
 
 
@@ -224,7 +228,7 @@ def check_args(args: Args) -> None:
     if args.dataset_episodes <= 0:
         raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
     if args.eval_only and not args.load:
-        raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
+        raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,29 +520,46 @@ class PrioritizedReplay:
             return float(self.buffer.get_max_priority())
 
     def state_dict(self) -> dict:
+        """Flat arrays, named as in the checkpoint file."""
         self.flush()
         with self.lock:
             stored = self.buffer.get_stored_size()
-            return {"transitions": self.buffer.get_all_transitions() if stored else {},
-                    "priority": self.priority[:stored].copy(), "next_index": self.buffer.get_next_index(),
-                    "max_priority": float(self.buffer.get_max_priority())}
+            rows = self.buffer.get_all_transitions() if stored else {
+                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
+            state = {f"replay/{k}": v for k, v in rows.items()}
+            state.update({"replay/priority": self.priority[:stored].copy(),
+                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
+                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
+        return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Rebuild cpprb slot by slot, so indexes, priorities and the insert position all match."""
+    def load_state_dict(self, arrays: dict, path: str) -> None:
+        """Check every array against this replay's layout (the file may be hostile), then rebuild
+        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
+        prio = arrays.get("replay/priority")
+        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
+        if not 0 <= stored <= self.capacity:
+            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
+        check_array(arrays, "replay/priority", (stored,), np.float64, path)
+        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
+        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
+        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
+                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
+            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
+        data = {}
+        for key, column in self.stage.items():
+            # cpprb hands back scalar columns as [rows, 1]
+            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
         with self.lock:
             self.buffer.clear()
-            stored = len(state["priority"])
             if stored:
-                data, prio = state["transitions"], state["priority"]
                 self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and state["next_index"]:
-                    # Full buffer: rewrite slots [0, next_index) with the same rows so that the
-                    # next insert overwrites the oldest transition, as it would have.
-                    k = state["next_index"]
+                if stored == self.capacity and k:
+                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
+                    # insert overwrites the oldest transition, as it would have.
                     self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
                 # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
                 # then put slot 0's own priority back.
-                self.buffer.update_priorities(np.array([0]), np.array([state["max_priority"]]))
+                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
                 self.priority[:stored] = prio
             self.write_count[:] = 0
@@ -893,55 +914,140 @@ def save_dataset(path: str, act, params, args: Args) -> dict:
 # Checkpoints and logging
 # ---------------------------------------------------------------------------------------------
 
-def save_pickle_atomic(path: str, payload: dict) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: a crash leaves the old file."""
+# A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
+# file someone shared can be refused, but loading it never runs code (pickle, which earlier
+# versions used, runs whatever the file tells it to). Member "meta.json" holds the format tag,
+# the flags and the counters as JSON; every other member is one array named by its place
+# ("train_state/actor_params/params/Dense_0/kernel", "replay/obs", ...). Every name, shape and dtype
+# is compared with what this script builds before any of it is used.
+META = "meta.json"
+
+
+def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash, a kill or a full
+    disk leaves the previous file whole."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
+        raise
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)  # so that the rename, not only the data, survives a power cut
+    finally:
+        os.close(folder)
 
 
-def load_payload(path: str) -> dict:
-    """A checkpoint.pkl or model.pkl written by this script, or a one-line ConfigError."""
+def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
+    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, or a ConfigError."""
     if os.path.isdir(path):
-        path = os.path.join(path, "checkpoint.pkl")
+        path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
         raise ConfigError(f"no such file: {path}")
+    with open(path, "rb") as f:
+        if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
+            raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
+                              "since unpickling can run any code (README, 'Old .pkl files', says how to convert one)")
     try:
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-    except Exception as e:
-        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{path} was not written by {SCRIPT}.py")
-    return payload
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+    except Exception as e:  # a cut-short zip, an object array, a member that is not .npy, ...
+        reason = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ConfigError(f"{path} is not a readable {kind} ({reason})") from None
+    raw = arrays.pop(META, None)
+    try:
+        meta = json.loads(raw.tobytes()) if raw is not None and raw.dtype == np.uint8 else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("kind") != kind:
+        raise ConfigError(f"{path} is not a {kind} written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+    return meta, arrays
 
 
-def restore_tree(template, leaves: list, what: str):
-    """Put saved leaves into the structure of `template`, checking they fit."""
-    flat, treedef = jax.tree_util.tree_flatten(template)
-    if len(flat) != len(leaves) or any(np.shape(a) != np.shape(b) for a, b in zip(flat, leaves)):
-        raise ConfigError(f"the saved {what} does not match this network (different --hidden-sizes "
-                          "or env?)")
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+def check_array(arrays: dict, name: str, shape: tuple, dtype, path: str, hint: str = "") -> np.ndarray:
+    got = arrays.get(name)
+    if got is None or got.shape != tuple(shape) or got.dtype != np.dtype(dtype):
+        found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
+        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}{hint}")
+    return got
 
 
-def host_leaves(tree) -> list:
-    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+def saved_count(meta: dict, name: str, path: str) -> int:
+    value = meta.get(name)
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"{path}: {name} in meta.json is {value!r}, not a count")
+    return value
+
+
+def tree_arrays(prefix: str, tree) -> dict:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
+    return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
+
+
+def restore_tree(template, arrays: dict, prefix: str, path: str):
+    """The arrays named prefix* put into the structure of `template`, each checked for name,
+    shape and dtype, none left over."""
+    wanted = tree_arrays(prefix, template)
+    hint = " (written for other --hidden-sizes or another env?)"
+    leaves = [check_array(arrays, name, like.shape, like.dtype, path, hint) for name, like in wanted.items()]
+    extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
+    if extra:
+        raise ConfigError(f"{path}: unexpected array {extra[0]}{hint}")
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
+
+
+def args_from_json(saved, path: str) -> Args:
+    """Flags read back from a file, each checked against the type of its default (the file may
+    be hostile); flags this version does not know are ignored, missing ones take the default."""
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: no flags in it")
+    defaults, values = Args(), {}
+    for field in dataclasses.fields(Args):
+        if field.name not in saved:
+            continue
+        value, default = saved[field.name], getattr(defaults, field.name)
+        if isinstance(default, tuple) and isinstance(value, list) and all(type(v) is int for v in value):
+            value = tuple(value)
+        elif isinstance(default, float) and type(value) is int:
+            value = float(value)
+        ok = type(value) is type(default) or (default is None and (value is None or type(value) is str))
+        if not ok:
+            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {type(default).__name__}")
+        values[field.name] = value
+    args = Args(**values)
+    if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
+        raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
+    check_args(args)
+    return args
 
 
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, resume_step: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._writer = EventFileWriter(run_dir)
         self._eval_csv = os.path.join(run_dir, "eval.csv")
+        if resume_step is not None and os.path.exists(self._eval_csv):
+            # Evaluations logged after the checkpoint belong to steps that are about to be done
+            # again: drop them, so that eval.csv keeps one row per step.
+            with open(self._eval_csv, newline="") as f:
+                rows = list(csv.reader(f))
+            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= resume_step]
+            with open(self._eval_csv + ".tmp", "w", newline="") as f:
+                csv.writer(f).writerows(keep)
+            os.replace(self._eval_csv + ".tmp", self._eval_csv)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
@@ -962,26 +1068,42 @@ class Logger:
         self._writer.close()
 
 
-def resolve_args(args: Args) -> Args:
-    """For --resume: the run's saved flags, overridden by those given here that differ from the
-    defaults (e.g. a larger --total-timesteps to extend the run)."""
+def given_flags(argv) -> frozenset:
+    """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
+    names, given = {f.name for f in dataclasses.fields(Args)}, set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            name = name[3:] if name not in names and name.startswith("no_") else name
+            given.add(name)
+    return frozenset(given & names)
+
+
+def typed(args: Args, given: Optional[frozenset]) -> frozenset:
+    """Flags that count as given: those typed (from cli), or for code that builds Args itself,
+    those that differ from their defaults."""
+    if given is not None:
+        return given
+    defaults = Args()
+    return frozenset(f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != getattr(defaults, f.name))
+
+
+def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
+    """For --resume: the run's saved flags, overridden by those typed here (e.g. a larger
+    --total-timesteps to extend the run; --preset's values count only where typed)."""
     path = os.path.join(args.resume, "args.json")
     if not os.path.isfile(path):
         raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
-    with open(path) as f:
-        saved = json.load(f)
-    if saved.get("script") != SCRIPT:
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(f"{path} is not JSON") from None
+    if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
-    defaults = Args()
-    merged = {}
-    for flag in dataclasses.fields(Args):
-        given = getattr(args, flag.name)
-        value = saved["args"].get(flag.name, given)
-        if given != getattr(defaults, flag.name):
-            value = given
-        merged[flag.name] = tuple(value) if isinstance(given, tuple) else value
-    merged.update(resume=args.resume, run_dir=args.resume)
-    return Args(**merged)
+    merged = args_from_json(saved.get("args"), path)
+    merged = dataclasses.replace(merged, **{name: getattr(args, name) for name in typed(args, given)})
+    return dataclasses.replace(merged, resume=args.resume, run_dir=args.resume)
 
 
 class StopRequest:
@@ -1019,12 +1141,15 @@ def env_dims(env_id: str) -> Tuple[int, int]:
 
 
 def run_eval_only(args: Args) -> np.ndarray:
-    payload = load_payload(args.load)
-    saved = Args(**{**payload["args"], "hidden_sizes": tuple(payload["args"]["hidden_sizes"])})
+    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = load_npz(path, kind)
+    saved = args_from_json(meta.get("args"), path)
     obs_dim, action_dim = env_dims(saved.env_id)
     actor = Actor(action_dim, saved.hidden_sizes)
     template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
-    params = restore_tree(template, payload["params"], "actor parameters")
+    prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
+    params = restore_tree(template, {k: v for k, v in arrays.items() if k.startswith(prefix)}, prefix, path)
     act = make_act(actor)
     returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000)
     print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
@@ -1033,8 +1158,9 @@ def run_eval_only(args: Args) -> np.ndarray:
     return returns
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError."""
+def main(args: Args, given: Optional[frozenset] = None) -> dict:
+    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
+    `given`: the flags typed on the command line (cli passes them; see typed())."""
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
     # per-step policy call that handoff costs more than the network.
@@ -1043,8 +1169,7 @@ def main(args: Args) -> dict:
         returns = run_eval_only(args)
         return {"eval_mean": float(returns.mean())}
     if args.resume:
-        args = resolve_args(args)
-        check_args(args)
+        args = resolve_args(args, given)
 
     envs = make_env(args.env_id, args.num_envs)
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
@@ -1059,29 +1184,44 @@ def main(args: Args) -> dict:
     update = make_update(nets, args, action_dim)
 
     global_step, episodes = 0, 0
+    # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
+    # once the replay holds learning_starts rows, and again after a resume whose replay was not
+    # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
+    sgd_base, learn_from = 0, args.learning_starts
     if args.resume:
-        payload = load_payload(os.path.join(args.resume, "checkpoint.pkl"))
-        state = restore_tree(state, payload["train_state"], "train state")
-        key = jnp.asarray(payload["key"])
-        global_step, episodes = payload["global_step"], payload["episodes"]
-        if payload.get("replay") is not None:
-            replay.load_state_dict(payload["replay"])
-        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps)")
+        ckpt = os.path.join(args.resume, "checkpoint.npz")
+        meta, arrays = load_npz(ckpt, "checkpoint")
+        state = restore_tree(state, arrays, "train_state/", ckpt)
+        key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
+        global_step, episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
+        if any(name.startswith("replay/") for name in arrays):
+            replay.load_state_dict(arrays, ckpt)
+        rows = replay.buffer.get_stored_size()
+        if rows < args.learning_starts:
+            sgd_base, learn_from = int(state.sgd_steps), global_step + args.learning_starts - rows
+        saved_total = meta.get("args", {}).get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps, "
+              f"{rows} rows in the replay)" + (f"; the schedules now run to --total-timesteps "
+              f"{args.total_timesteps} instead of {saved_total}" if saved_total not in (None, args.total_timesteps) else ""))
     run_dir = args.run_dir or os.path.join(
         "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
+    for name in os.listdir(run_dir):
+        if ".npz.tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+            os.remove(os.path.join(run_dir, name))
     with open(os.path.join(run_dir, "args.json"), "w") as f:
         json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
-    logger = Logger(run_dir)
-    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.pkl"), os.path.join(run_dir, "model.pkl")
+    logger = Logger(run_dir, global_step if args.resume else None)
+    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "model.npz")
+    meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
 
     def checkpoint():
         writer.flush()
-        save_pickle_atomic(ckpt_path, {
-            "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
-            "params": host_leaves(state.actor_params), "train_state": host_leaves(state),
-            "key": np.asarray(key), "global_step": global_step, "episodes": episodes,
-            "replay": replay.state_dict() if args.checkpoint_replay else None})
+        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
+        if args.checkpoint_replay:
+            arrays.update(replay.state_dict())
+        save_npz_atomic(ckpt_path, {**meta, "kind": "checkpoint", "global_step": global_step,
+                                    "episodes": episodes}, arrays)
 
     # The envs restart on resume (their state is not checkpointed); the seed moves with the step
     # so that a resumed run does not replay the episodes it began with.
@@ -1122,7 +1262,7 @@ def main(args: Args) -> dict:
 
                 # Replay ratio: one SGD step per train_frequency env steps after learning_starts,
                 # executed in groups of updates_per_call.
-                sgd_due = max(0, global_step - args.learning_starts) // args.train_frequency
+                sgd_due = sgd_base + max(0, global_step - learn_from) // args.train_frequency
                 while sgd_due - sgd_done >= args.updates_per_call:
                     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
                     replay.flush()
@@ -1176,8 +1316,7 @@ def main(args: Args) -> dict:
               f"continue with --resume {run_dir}", flush=True)
         return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
 
-    save_pickle_atomic(model_path, {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args),
-                                    "params": host_leaves(state.actor_params)})
+    save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
     returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
     logger.eval(global_step, returns)
     logger.close()
@@ -1190,10 +1329,11 @@ def main(args: Args) -> dict:
 
 
 def cli(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = tyro.cli(Args, args=argv)
     try:
-        result = main(args)
-    except (ConfigError, Diverged) as e:
+        result = main(args, given_flags(argv))
+    except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     return 128 + result["signal"] if "signal" in result else 0

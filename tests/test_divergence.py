@@ -56,8 +56,9 @@ def test_a_non_finite_td_error_ends_the_run_in_one_line_naming_the_step(script, 
     per_step = 2 if script is dqn else 1
     assert (400 - 200) // per_step < step <= (3000 - 200) // per_step
     # A diverged run saves neither a model nor a checkpoint of the diverged parameters.
-    assert not os.path.exists(os.path.join(run_dir, "model.pkl"))
-    assert not os.path.exists(os.path.join(run_dir, "checkpoint.pkl"))
+    assert not os.path.exists(os.path.join(run_dir, "model.npz"))
+    assert not os.path.exists(os.path.join(run_dir, "checkpoint.npz"))
+    assert os.path.isfile(os.path.join(run_dir, "args.json"))  # the folder itself was written
 
 
 def test_bc_divergence_is_one_line_naming_the_step(monkeypatch, tmp_path, capsys):
@@ -84,5 +85,5 @@ def test_bc_nll_with_prioritized_sampling_keeps_a_finite_score(tmp_path, capsys)
     out = capsys.readouterr().out
     score = float(out.split("normalised score ")[1].split(";")[0])
     assert np.isfinite(score)
-    ckpt = bc.load_payload(run_dir)
-    assert np.all(np.isfinite(ckpt["priority"])) and np.all(ckpt["priority"] >= 0)
+    priority = bc.load_npz(run_dir, "checkpoint")[1]["priority"]
+    assert np.all(np.isfinite(priority)) and np.all(priority >= 0)

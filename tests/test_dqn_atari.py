@@ -206,8 +206,8 @@ def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
     result = dqn.main(args)
     assert result["sgd_steps"] == (400 - 200) // 4 // 4 * 4
     assert np.isfinite(result["eval_mean"]) and -21 <= result["eval_mean"] <= 21
-    payload = dqn.load_payload(run_dir)
-    assert payload["replay"]["frames"]["written"] >= 400
-    assert len(payload["replay"]["priority"]) == 400  # 1-step rows: one per env step
+    arrays = dqn.load_npz(run_dir, "checkpoint")[1]
+    assert int(arrays["replay/frames_written"]) >= 400
+    assert len(arrays["replay/priority"]) == 400  # 1-step rows: one per env step
     assert dqn.cli(["--resume", run_dir, "--total-timesteps", "480"]) == 0
-    assert dqn.load_payload(run_dir)["global_step"] == 480
+    assert dqn.load_npz(run_dir, "checkpoint")[0]["global_step"] == 480

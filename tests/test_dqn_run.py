@@ -2,7 +2,6 @@
 
 import csv
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -39,28 +38,28 @@ def test_import_has_no_side_effects():
 def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
     run_dir = str(tmp_path / "run")
     assert run_cli(FAST + ["--total-timesteps", "2000", "--checkpoint-every", "1000", "--run-dir", run_dir]) == 0
-    payload = dqn.load_payload(run_dir)
-    assert payload["global_step"] == 2000
-    first_sgd = int(payload["train_state"][-1])
+    meta, arrays = dqn.load_npz(run_dir, "checkpoint")
+    assert meta["global_step"] == 2000
+    first_sgd = int(arrays["train_state/sgd_steps"])
     assert first_sgd == (2000 - 200) // 2 // 4 * 4  # replay ratio kept, in whole calls of 4
-    stored = len(payload["replay"]["priority"])
+    stored = len(arrays["replay/priority"])
     assert stored > 1900  # n-step keeps at most n-1 per env pending
-    assert os.path.isfile(os.path.join(run_dir, "model.pkl"))
+    assert os.path.isfile(os.path.join(run_dir, "model.npz"))
 
     # Restoring the saved train state into a fresh template gives back the same arrays.
     args = dqn.Args(hidden_sizes=(32, 32))
     net = dqn.QNetwork(2, args.hidden_sizes)
     template = dqn.init_train_state(net, dqn.make_optimizer(args, 10), (4,), dqn.jax.random.PRNGKey(9))
-    restored = dqn.restore_tree(template, payload["train_state"], "train state")
-    for a, b in zip(dqn.host_leaves(restored), payload["train_state"]):
-        np.testing.assert_array_equal(a, b)
+    restored = dqn.restore_tree(template, arrays, "train_state/", run_dir)
+    for name, value in dqn.tree_arrays("train_state/", restored).items():
+        np.testing.assert_array_equal(value, arrays[name])
 
     # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000.
     assert run_cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
-    payload2 = dqn.load_payload(run_dir)
-    assert payload2["global_step"] == 3000
-    assert int(payload2["train_state"][-1]) == (3000 - 200) // 2 // 4 * 4
-    assert payload2["episodes"] > payload["episodes"]
+    meta2, arrays2 = dqn.load_npz(run_dir, "checkpoint")
+    assert meta2["global_step"] == 3000
+    assert int(arrays2["train_state/sgd_steps"]) == (3000 - 200) // 2 // 4 * 4
+    assert meta2["episodes"] > meta["episodes"]
     steps = [int(r["step"]) for r in read_eval(run_dir)]
     assert steps == sorted(steps) and steps[-1] == 3000 and 2000 in steps
     with open(os.path.join(run_dir, "args.json")) as f:
@@ -71,24 +70,11 @@ def test_eval_only_loads_model(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     assert run_cli(FAST + ["--total-timesteps", "600", "--eval-epsilon", "0.25", "--run-dir", run_dir]) == 0
     capsys.readouterr()
-    model = os.path.join(run_dir, "model.pkl")
+    model = os.path.join(run_dir, "model.npz")
     assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "3"]) == 0
     assert "over 3 episodes (epsilon 0.25)" in capsys.readouterr().out  # the run's own protocol
     assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "2", "--eval-epsilon", "0.5"]) == 0
     assert "over 2 episodes (epsilon 0.5)" in capsys.readouterr().out  # unless given
-
-
-def test_interrupted_checkpoint_write_keeps_previous_file(tmp_path):
-    path = str(tmp_path / "checkpoint.pkl")
-    dqn.save_pickle_atomic(path, {"format": dqn.CHECKPOINT_FORMAT, "value": 1})
-
-    class Explodes:
-        def __reduce__(self):
-            raise KeyboardInterrupt  # as if killed half-way through pickling
-
-    with pytest.raises(KeyboardInterrupt):
-        dqn.save_pickle_atomic(path, {"format": dqn.CHECKPOINT_FORMAT, "big": np.zeros(10_000), "x": Explodes()})
-    assert dqn.load_payload(path)["value"] == 1
 
 
 def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
@@ -103,11 +89,10 @@ def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and "--resume" in out
-    payload = dqn.load_payload(run_dir)
-    stopped = payload["global_step"]
+    stopped = dqn.load_npz(run_dir, "checkpoint")[0]["global_step"]
     assert 1000 <= stopped < 1_000_000
     assert run_cli(["--resume", run_dir, "--total-timesteps", str(stopped + 500)]) == 0
-    assert dqn.load_payload(run_dir)["global_step"] == stopped + 500
+    assert dqn.load_npz(run_dir, "checkpoint")[0]["global_step"] == stopped + 500
 
 
 # --- bad input: one clear line, non-zero exit, no traceback ------------------------------------
@@ -137,30 +122,13 @@ gym.register("TestMatrixObs-v0", entry_point=MatrixEnv)
     (["--num-envs", "-1"], "--num-envs must be positive"),
     (["--gamma", "1.5"], "--gamma must be in"),
     (["--resume", "/nonexistent/run"], "no args.json"),
-    (["--eval-only", "--load", "/nonexistent/model.pkl"], "no such file"),
+    (["--eval-only", "--load", "/nonexistent/model.npz"], "no such file"),
     (["--eval-only"], "needs --load"),
 ])
 def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
-
-
-def test_foreign_files_are_rejected(tmp_path, capsys):
-    foreign = tmp_path / "foreign.pkl"
-    with open(foreign, "wb") as f:
-        pickle.dump({"format": "something-else"}, f)
-    garbage = tmp_path / "garbage.pkl"
-    garbage.write_bytes(b"not a pickle")
-    run = tmp_path / "other_run"
-    run.mkdir()
-    (run / "args.json").write_text('{"script": "sac", "args": {}}')
-    for argv, message in ((["--eval-only", "--load", str(foreign)], "not written by"),
-                          (["--eval-only", "--load", str(garbage)], "not a readable checkpoint"),
-                          (["--resume", str(run)], "not made by")):
-        assert run_cli(argv) == 2
-        err = capsys.readouterr().err.strip()
-        assert message in err and len(err.splitlines()) == 1
 
 
 def test_bad_input_from_the_command_line_has_no_traceback():

@@ -46,7 +46,7 @@ def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     data_score = 100 * (meta["mean_return"] - lo) / (hi - lo)
     args = bc.Args(dataset=[path], seed=1, run_dir=str(tmp_path / "bc"))
     result = bc.main(dataclasses.replace(args, eval_every=args.total_updates))  # no evaluations midway
-    returns = bc.run_eval_only(bc.Args(eval_only=True, load=os.path.join(result["run_dir"], "model.pkl"),
+    returns = bc.run_eval_only(bc.Args(eval_only=True, load=os.path.join(result["run_dir"], "model.npz"),
                                        eval_episodes=20))
     scores = 100 * (returns - lo) / (hi - lo)
     assert len(scores) == 20 and np.median(scores) >= 0.9 * data_score, (np.round(scores, 1), data_score)

@@ -174,15 +174,15 @@ def test_nstep_with_vector_actions():
 def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     assert sac.cli(FAST + ["--total-timesteps", "600", "--prioritized", "--run-dir", run_dir]) == 0
-    payload = sac.load_payload(run_dir)
-    assert payload["global_step"] == 600
-    assert int(payload["train_state"][-1]) == (600 - 256) // 4 * 4
-    assert len(payload["replay"]["priority"]) == 600
+    meta, arrays = sac.load_npz(run_dir, "checkpoint")
+    assert meta["global_step"] == 600
+    assert int(arrays["train_state/sgd_steps"]) == (600 - 256) // 4 * 4
+    assert len(arrays["replay/priority"]) == 600
     assert sac.cli(["--resume", run_dir, "--total-timesteps", "800"]) == 0
-    payload2 = sac.load_payload(run_dir)
-    assert payload2["global_step"] == 800 and int(payload2["train_state"][-1]) == (800 - 256) // 4 * 4
+    meta2, arrays2 = sac.load_npz(run_dir, "checkpoint")
+    assert meta2["global_step"] == 800 and int(arrays2["train_state/sgd_steps"]) == (800 - 256) // 4 * 4
     capsys.readouterr()
-    assert sac.cli(["--eval-only", "--load", os.path.join(run_dir, "model.pkl"), "--eval-episodes", "2"]) == 0
+    assert sac.cli(["--eval-only", "--load", os.path.join(run_dir, "model.npz"), "--eval-episodes", "2"]) == 0
     assert "over 2 episodes" in capsys.readouterr().out
 
 
@@ -192,7 +192,7 @@ def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--tau", "2"], "--tau must be in"),
     (["--resume", "/nonexistent"], "no args.json"),
-    (["--eval-only", "--load", "/nonexistent.pkl"], "no such file"),
+    (["--eval-only", "--load", "/nonexistent.npz"], "no such file"),
 ])
 def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert sac.cli(argv) == 2

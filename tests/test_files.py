@@ -1,0 +1,320 @@
+"""Files someone else wrote (issue 12): a checkpoint or model is read without pickle, and every
+hostile, cut-short or foreign file ends in one line, exit 2, with no code run and no traceback.
+Writes are atomic: an interrupted or failed write leaves the previous file whole."""
+
+import json
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+from helpers import ROOT, load_script
+
+dqn, sac, bc = (load_script(n) for n in ("dqn_prioritized", "sac", "bc_offline"))
+MODULES = {"dqn": dqn, "sac": sac, "bc": bc}
+RUNS = {
+    "dqn": ["--hidden-sizes", "16", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "1000",
+            "--updates-per-call", "4", "--eval-episodes", "1", "--eval-every", "10000", "--total-timesteps", "300"],
+    "sac": ["--hidden-sizes", "16", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "1000",
+            "--updates-per-call", "4", "--eval-episodes", "1", "--eval-every", "10000", "--total-timesteps", "300"],
+    "bc": ["--hidden-sizes", "16", "--batch-size", "16", "--updates-per-call", "10", "--eval-episodes", "1",
+           "--eval-every", "10000", "--total-updates", "50",
+           "--dataset", os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One finished small run per script: its folder holds args.json, checkpoint.npz, model.npz."""
+    out = {}
+    for name, argv in RUNS.items():
+        run_dir = str(tmp_path_factory.mktemp(name) / "run")
+        assert MODULES[name].cli(argv + ["--run-dir", run_dir]) == 0
+        out[name] = run_dir
+    return out
+
+
+def read(path):
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def write(path, arrays, meta=None):
+    if meta is not None:
+        arrays = {**arrays, "meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def meta_of(arrays):
+    return json.loads(arrays["meta.json"].tobytes())
+
+
+class Evil:
+    """Unpickling this runs a shell command that leaves a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def refused(module, argv, capsys, *words):
+    capsys.readouterr()
+    assert module.cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+# --- what a hostile or damaged file can be --------------------------------------------------
+
+def _pickle_protocol_5(path, arrays, marker):
+    with open(path, "wb") as f:
+        pickle.dump({"format": "x", "evil": Evil(marker)}, f, protocol=5)
+
+
+def _pickle_protocol_0(path, arrays, marker):  # no \x80 header: np.load itself must refuse it
+    with open(path, "wb") as f:
+        pickle.dump(Evil(marker), f, protocol=0)
+
+
+def _object_member(path, arrays, marker):  # a pickle inside the zip, as an object array
+    arrays = dict(arrays)
+    arrays["evil"] = np.array([Evil(marker)], dtype=object)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _cut_short(path, arrays, marker):  # what a full disk or an interrupted copy leaves
+    write(path, arrays)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def _garbage(path, arrays, marker):
+    with open(path, "wb") as f:
+        f.write(os.urandom(3000))
+
+
+def _no_meta(path, arrays, marker):
+    write(path, {k: v for k, v in arrays.items() if k != "meta.json"})
+
+
+def _meta_not_json(path, arrays, marker):
+    write(path, {**arrays, "meta.json": np.frombuffer(b"{not json", np.uint8)})
+
+
+def _foreign_format(path, arrays, marker):
+    other = "sac/2" if meta_of(arrays)["format"] != "sac/2" else "dqn_prioritized/2"
+    write(path, {k: v for k, v in arrays.items() if k != "meta.json"}, {**meta_of(arrays), "format": other})
+
+
+def _wrong_shape(path, arrays, marker):
+    arrays = dict(arrays)
+    name = next(k for k in arrays if k.endswith("kernel"))
+    arrays[name] = np.zeros(arrays[name].shape[:-1] + (arrays[name].shape[-1] + 1,), np.float32)
+    write(path, arrays)
+
+
+def _wrong_dtype(path, arrays, marker):
+    arrays = dict(arrays)
+    name = next(k for k in arrays if k.endswith("kernel"))
+    arrays[name] = arrays[name].astype(np.float64)
+    write(path, arrays)
+
+
+def _missing_leaf(path, arrays, marker):
+    name = next(k for k in arrays if k.endswith("bias"))
+    write(path, {k: v for k, v in arrays.items() if k != name})
+
+
+def _extra_leaf(path, arrays, marker):
+    prefix = next(k for k in arrays if k.endswith("kernel")).split("/")[0]
+    write(path, {**arrays, f"{prefix}/params/Dense_9/kernel": np.zeros((2, 2), np.float32)})
+
+
+def _flag_of_wrong_type(path, arrays, marker):
+    meta = meta_of(arrays)
+    meta["args"]["hidden_sizes"] = "16; rm -rf /"
+    write(path, {k: v for k, v in arrays.items() if k != "meta.json"}, meta)
+
+
+def _env_id_naming_a_module(path, arrays, marker):
+    meta = meta_of(arrays)
+    meta["args"]["env_id"] = "os:system"
+    if "env_id" in meta:
+        meta["env_id"] = "os:system"
+    write(path, {k: v for k, v in arrays.items() if k != "meta.json"}, meta)
+
+
+HOSTILE = {
+    "pickle5": (_pickle_protocol_5, "pickle"),
+    "pickle0": (_pickle_protocol_0, "not a readable"),
+    "object-array": (_object_member, "not a readable"),
+    "cut-short": (_cut_short, "not a readable"),
+    "garbage": (_garbage, "not a readable"),
+    "no-meta": (_no_meta, "not a"),
+    "meta-not-json": (_meta_not_json, "not a"),
+    "foreign-format": (_foreign_format, "not a"),
+    "wrong-shape": (_wrong_shape, "expected float32"),
+    "wrong-dtype": (_wrong_dtype, "expected float32"),
+    "missing-leaf": (_missing_leaf, "missing"),
+    "extra-leaf": (_extra_leaf, "unexpected array"),
+    "flag-type": (_flag_of_wrong_type, "hidden_sizes"),
+    "env-module": (_env_id_naming_a_module, "module"),
+}
+
+
+@pytest.mark.parametrize("kind", ["model", "checkpoint"])
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+@pytest.mark.parametrize("script", list(MODULES))
+def test_hostile_file_is_refused_in_one_line_and_runs_no_code(script, hostile, kind, runs, tmp_path, capsys):
+    if kind == "checkpoint" and hostile in ("flag-type", "env-module"):
+        pytest.skip("--resume takes the flags from args.json: test_hostile_args_json")
+    module, make = MODULES[script], HOSTILE[hostile][0]
+    marker = tmp_path / "code-ran"
+    run_dir = copy_run(runs[script], tmp_path / "run")
+    target = os.path.join(run_dir, f"{kind}.npz")
+    make(target, read(target), marker)
+    if kind == "model":
+        argv = ["--eval-only", "--load", target]
+    else:
+        argv = ["--resume", run_dir, "--total-updates" if script == "bc" else "--total-timesteps", "400"]
+    refused(module, argv, capsys, HOSTILE[hostile][1])
+    assert not marker.exists(), "loading the file ran code"
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_hostile_args_json(script, runs, tmp_path, capsys):
+    """--resume reads the run's flags from args.json: checked like any file from elsewhere."""
+    flag = "--total-updates" if script == "bc" else "--total-timesteps"
+    good = json.loads(open(os.path.join(runs[script], "args.json")).read())
+    for i, (text, word) in enumerate((
+            ("{not json", "not JSON"),
+            (json.dumps([1, 2]), "not made by"),
+            (json.dumps({**good, "script": "other"}), "not made by"),
+            (json.dumps({**good, "args": {**good["args"], "batch_size": "64"}}), "batch_size"),
+            (json.dumps({**good, "args": {**good["args"], "env_id": "os:system"}}), "module"),
+            (json.dumps({**good, "args": {**good["args"], "gamma": 7.0}}), "--gamma"))):
+        if script == "bc" and "gamma" in text:
+            continue  # BC has no discount
+        run_dir = copy_run(runs[script], tmp_path / f"run{i}")
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            f.write(text)
+        refused(MODULES[script], ["--resume", run_dir, flag, "400"], capsys, word)
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_old_pkl_file_is_refused_with_how_to_convert(script, runs, tmp_path, capsys):
+    path = tmp_path / "model.pkl"
+    marker = tmp_path / "code-ran"
+    with open(path, "wb") as f:
+        pickle.dump({"format": f"{MODULES[script].SCRIPT}/1", "evil": Evil(marker)}, f)
+    refused(MODULES[script], ["--eval-only", "--load", str(path)], capsys, "earlier version", "Old .pkl files")
+    assert not marker.exists()
+
+
+def test_dqn_replay_with_bad_contents_is_refused(runs, tmp_path, capsys):
+    """Replay arrays are checked too: priorities that would poison cpprb's sum tree, an insert
+    position out of range, a column of the wrong width."""
+    for change, word in ((lambda a: a["replay/priority"].__setitem__(0, np.nan), "out of range"),
+                         (lambda a: a.__setitem__("replay/next_index", np.asarray(10**9)), "out of range"),
+                         (lambda a: a.__setitem__("replay/obs", a["replay/obs"][:, :3].copy()), "replay/obs")):
+        run_dir = copy_run(runs["dqn"], tmp_path / f"run{word}{len(os.listdir(tmp_path))}")
+        target = os.path.join(run_dir, "checkpoint.npz")
+        arrays = read(target)
+        change(arrays)
+        write(target, arrays)
+        refused(dqn, ["--resume", run_dir, "--total-timesteps", "400"], capsys, word)
+
+
+def test_sac_replay_with_negative_priority_is_refused(runs, tmp_path, capsys):
+    run_dir = copy_run(runs["sac"], tmp_path / "run")
+    target = os.path.join(run_dir, "checkpoint.npz")
+    arrays = read(target)
+    arrays["replay/priority"][3] = -1.0
+    write(target, arrays)
+    refused(sac, ["--resume", run_dir, "--total-timesteps", "400"], capsys, "out of range")
+
+
+def test_bc_model_for_another_env_is_refused(runs, tmp_path, capsys):
+    run_dir = copy_run(runs["bc"], tmp_path / "run")
+    target = os.path.join(run_dir, "model.npz")
+    arrays = read(target)
+    meta = meta_of(arrays)
+    meta["env_id"] = "CartPole-v1"  # a continuous-action policy over 3 features
+    write(target, {k: v for k, v in arrays.items() if k != "meta.json"}, meta)
+    refused(bc, ["--eval-only", "--load", target], capsys, "CartPole-v1 has observations")
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_good_files_round_trip(script, runs):
+    """What the loader gives back is what was written: every array, bit for bit."""
+    module = MODULES[script]
+    for kind in ("model", "checkpoint"):
+        path = os.path.join(runs[script], f"{kind}.npz")
+        meta, arrays = module.load_npz(path, kind)
+        raw = read(path)
+        assert meta == meta_of(raw) and meta["script"] == module.SCRIPT
+        assert set(arrays) == set(raw) - {"meta.json"}
+        for name, value in arrays.items():
+            assert value.dtype == raw[name].dtype
+            np.testing.assert_array_equal(value, raw[name])
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_interrupted_write_keeps_previous_file(script, tmp_path, monkeypatch):
+    module = MODULES[script]
+    path = str(tmp_path / "checkpoint.npz")
+    meta = {"format": module.CHECKPOINT_FORMAT, "kind": "checkpoint", "value": 1}
+    module.save_npz_atomic(path, meta, {"a": np.arange(3)})
+    real_savez = np.savez
+
+    def savez_then_die(f, **arrays):  # half a file on disk, then a kill (KeyboardInterrupt here)
+        real_savez(f, **arrays)
+        f.truncate(f.tell() // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module.np, "savez", savez_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        module.save_npz_atomic(path, {**meta, "value": 2}, {"a": np.zeros(100_000)})
+    monkeypatch.setattr(module.np, "savez", real_savez)
+    assert module.load_npz(path, "checkpoint")[0]["value"] == 1
+    assert os.listdir(tmp_path) == ["checkpoint.npz"]  # the temp file is gone too
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_full_disk_ends_the_run_in_one_line_and_keeps_the_checkpoint(script, runs, tmp_path, monkeypatch, capsys):
+    """A checkpoint write that fails (ENOSPC) stops a resumed run with exit 1 and one line;
+    the checkpoint it was replacing still loads and resumes."""
+    module = MODULES[script]
+    run_dir = copy_run(runs[script], tmp_path / "run")
+    before = read(os.path.join(run_dir, "checkpoint.npz"))
+    real_savez = np.savez
+
+    def savez_disk_full(f, **arrays):
+        f.write(b"PK\x03\x04" + b"\0" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module.np, "savez", savez_disk_full)
+    flag = "--total-updates" if script == "bc" else "--total-timesteps"
+    capsys.readouterr()
+    assert module.cli(["--resume", run_dir, flag, "400"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err and "unchanged" in err, err
+    after = read(os.path.join(run_dir, "checkpoint.npz"))
+    assert set(after) == set(before) and all(np.array_equal(after[k], before[k]) for k in before)
+    assert not [n for n in os.listdir(run_dir) if ".tmp." in n]
+    monkeypatch.setattr(module.np, "savez", real_savez)
+    assert module.cli(["--resume", run_dir, flag, "400"]) == 0
