@@ -2,9 +2,9 @@
 
 What it implements
   * Behaviour cloning (Pomerleau 1991; as the offline-RL baseline of Fu et al. 2020, "D4RL",
-    arXiv:2004.07219, and Emmons et al. 2021, arXiv:2112.10751), with "x% BC" (train on the best
-    fraction of trajectories by return; Chen et al. 2021, "Decision Transformer",
-    arXiv:2106.01345, section 5.3).
+    arXiv:2004.07219, and Emmons et al. 2021, arXiv:2112.10751), with "x% BC" (train on the top
+    x% of timesteps ordered by their episode's return, taken as whole trajectories, best first;
+    Chen et al. 2021, "Decision Transformer", arXiv:2106.01345, section 5.3: top_fraction_mask).
   * Optional prioritized sampling of the dataset by per-example loss (for the nll, its misfit
     term; proportional PER, Schaul et al. 2016, arXiv:1511.05952, on cpprb) with
     importance-weighted loss.
@@ -32,23 +32,27 @@ Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without 
 Datasets (--dataset, repeatable: their union is used)
   * D4RL's flat HDF5 layout: observations, actions, rewards, next_observations, terminals,
     timeouts, and attributes under metadata/ (env_id, ref_min_score, ref_max_score, ...);
-  * a Minari dataset folder: data/main_data.hdf5 with one group per episode holding T+1
-    observations, T actions, rewards, terminations, truncations; metadata.json beside data/;
+  * a Minari dataset folder (minari >= 0.5, hdf5 storage, as its DataCollector writes it):
+    data/main_data.hdf5 with one group per episode holding T+1 observations, T actions,
+    rewards, terminations, truncations, and data/metadata.json (the env id from its
+    eval_env_spec or env_spec, ref_min_score, ref_max_score); not Dict, Tuple or JPEG images;
   * .npz files with the D4RL keys (metadata as "metadata/<name>" entries).
-  Trajectories end at terminals and at timeouts. algos/dqn_prioritized.py and algos/sac.py write
-  this format with --save-dataset; data/ ships two small ones (see README for the commands).
+  Trajectories end at terminals, at timeouts and at the end of each file or Minari episode.
+  algos/dqn_prioritized.py and algos/sac.py write the D4RL format with --save-dataset; data/
+  ships three small files made that way (see README for the commands).
 
 Run
   python algos/bc_offline.py                                   # data/pendulum-sac-expert.hdf5
   python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5
   python algos/bc_offline.py --dataset a.hdf5 --dataset b.npz --top-fraction 0.1
-  python algos/bc_offline.py --eval-only --load runs/<run>/model.pkl
+  python algos/bc_offline.py --eval-only --load runs/<run>/model.npz
 
 Outputs (runs/<env_id>__bc_offline__<seed>__<unix_time>/)
   args.json, eval.csv (step, mean, std, episodes, normalized_score) where step counts SGD
   updates, tensorboard events (losses/bc_loss, eval/episodic_return(_std), eval/normalized_score,
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction),
-  checkpoint.pkl (atomic) and model.pkl (parameters and observation statistics).
+  checkpoint.npz (atomic) and model.npz (parameters and observation statistics): arrays and
+  JSON, read without pickle.
 """
 
 from __future__ import annotations
@@ -64,12 +68,12 @@ import dataclasses
 import functools
 import hashlib
 import json
-import pickle
 import queue
 import signal
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, List, Literal, NamedTuple, Optional, Tuple
 
@@ -84,7 +88,7 @@ import optax
 import tyro
 
 SCRIPT = "bc_offline"
-CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 ACTION_EDGE = 1.0 - 1e-5  # dataset actions at the bounds would have atanh = inf
 DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -112,7 +116,8 @@ class Args:
     batch_size: int = 256
     """examples per SGD step"""
     top_fraction: float = 1.0
-    """train on the best fraction of trajectories by return (1.0: all; 0.1: "10% BC")"""
+    """train on the top fraction of timesteps by their episode's return, as whole trajectories
+    (1.0: all; 0.1: "10% BC" of Decision Transformer)"""
     normalize_obs: bool = True
     """standardise observations with the dataset's mean and std"""
     prioritized: bool = False
@@ -146,19 +151,23 @@ class Args:
     run_dir: Optional[str] = None
     """output folder; default runs/<env_id>__bc_offline__<seed>__<unix_time>"""
     resume: Optional[str] = None
-    """run folder to continue from its checkpoint.pkl (its args.json is reused; flags given
-    here that differ from their defaults override it)"""
+    """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
+    here override it; a larger --total-updates re-stretches the beta schedule)"""
     eval_only: bool = False
     """evaluate the policy in --load and exit"""
     load: Optional[str] = None
-    """model.pkl or checkpoint.pkl to evaluate with --eval-only"""
+    """model.npz or checkpoint.npz (or a run folder) to evaluate with --eval-only"""
 
 
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
 
-class Diverged(Exception):
+class RunFailed(Exception):
+    """The run cannot go on (a checkpoint that cannot be written, divergence): one line, exit 1."""
+
+
+class Diverged(RunFailed):
     """The learner produced a non-finite loss or parameters: one line, naming the SGD step."""
 
 
@@ -179,7 +188,7 @@ def check_args(args: Args) -> None:
     if args.per_alpha < 0 or args.checkpoint_every < 0:
         raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
     if args.eval_only and not args.load:
-        raise ConfigError("--eval-only needs --load PATH (a model.pkl or checkpoint.pkl)")
+        raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,13 +227,26 @@ def _from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
         raise ConfigError(f"{path}: arrays of different lengths {lengths}")
     if n == 0:
         raise ConfigError(f"{path}: the dataset is empty")
-    actions = np.asarray(arrays["actions"])
+    arrays = {k: np.asarray(arrays[k]) for k in REQUIRED}
+    for key, values in arrays.items():
+        if values.dtype.kind not in "biuf":  # strings or references would fail further on, unnamed
+            raise ConfigError(f"{path}: {key} are not numbers (dtype {values.dtype})")
+    for key in ("rewards", "terminals", "timeouts"):
+        if arrays[key].size != n:
+            raise ConfigError(f"{path}: {key} of shape {arrays[key].shape}, expected ({n},)")
+    actions = arrays["actions"]
     discrete = np.issubdtype(actions.dtype, np.integer) or (actions.ndim == 1 and metadata.get("discrete_actions"))
-    return Dataset(np.asarray(arrays["observations"], np.float32).reshape(n, -1),
+    terminals = arrays["terminals"].astype(bool).reshape(n)
+    timeouts = arrays["timeouts"].astype(bool).reshape(n)  # astype copies: the file's array is not written
+    if not (terminals[-1] or timeouts[-1]):
+        # A file's last row ends its last trajectory even when the writer flagged nothing there
+        # (a D4RL file may stop mid-episode). Left open, the next --dataset file's first episode
+        # would continue it, and --top-fraction would rank the two by their summed return. A
+        # timeout, not a terminal: the episode was cut off, it did not reach a terminal state.
+        timeouts[-1] = True
+    return Dataset(arrays["observations"].astype(np.float32).reshape(n, -1),
                    actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1),
-                   np.asarray(arrays["rewards"], np.float32).reshape(n),
-                   np.asarray(arrays["terminals"]).astype(bool).reshape(n),
-                   np.asarray(arrays["timeouts"]).astype(bool).reshape(n), metadata)
+                   arrays["rewards"].astype(np.float32).reshape(n), terminals, timeouts, metadata)
 
 
 def read_d4rl_hdf5(path: str) -> Dataset:
@@ -243,46 +265,139 @@ def read_npz(path: str) -> Dataset:
     return _from_flat(arrays, metadata, path)
 
 
+MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
+# Spaces whose samples minari stores as one numeric array per episode, which BC's MLP can take
+# flattened. Dict and Tuple spaces are nested HDF5 groups, Text is strings: refused by name.
+MINARI_OBS_SPACES = ("Box", "Discrete", "MultiBinary", "MultiDiscrete")
+MINARI_ACTION_SPACES = ("Box", "Discrete")
+
+
+def _json_object(value) -> dict:
+    """minari nests env specs and spaces as JSON strings inside its JSON: the decoded object,
+    or {} when it is missing or not an object (only the env id depends on it; --env-id can
+    give that)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _minari_metadata(meta_path: str) -> dict:
+    """metadata.json's scalar entries (ref_min_score, ref_max_score, total_episodes, ...) and
+    the env id, after refusing storage formats and spaces this reader cannot use."""
+    if not os.path.isfile(meta_path):
+        return {}  # minari needs it; BC takes only the env id and the ref scores from it
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except ValueError:  # json's decode errors and UnicodeDecodeError both are ValueErrors
+        raise ConfigError(f"{meta_path}: not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{meta_path}: not a JSON object")
+    if raw.get("data_format", "hdf5") != "hdf5":
+        raise ConfigError(f"{meta_path}: data_format {raw['data_format']!r}; only minari's 'hdf5' storage is read here")
+    for key, allowed in (("observation_space", MINARI_OBS_SPACES), ("action_space", MINARI_ACTION_SPACES)):
+        kind = _json_object(raw.get(key)).get("type")
+        if kind is not None and kind not in allowed:
+            raise ConfigError(f"{meta_path}: the {key} is a {kind} space; BC here reads {', '.join(allowed)} "
+                              f"(flatten it with a gymnasium wrapper before collecting)")
+    metadata = {k: v for k, v in raw.items() if isinstance(v, (str, int, float, bool))}
+    # minari evaluates on eval_env_spec when the dataset has one (its reference scores were
+    # measured there) and on env_spec otherwise; both are a gymnasium EnvSpec as a JSON string.
+    for key in ("eval_env_spec", "env_spec"):
+        env_id = _json_object(raw.get(key)).get("id")
+        if isinstance(env_id, str) and env_id:
+            metadata["env_id"] = env_id
+            break
+    return metadata
+
+
+def _minari_episode(ep: h5py.Group, where: str) -> Tuple[np.ndarray, ...]:
+    """One episode's arrays, shapes and dtypes checked before use: T+1 observations, then T
+    actions, rewards, terminations and truncations."""
+    missing = [k for k in MINARI_KEYS if k not in ep]
+    if missing:
+        raise ConfigError(f"{where} is missing {', '.join(missing)}")
+    for key in MINARI_KEYS:
+        if key in ("observations", "actions") and isinstance(ep[key], h5py.Group):
+            # how minari stores the samples of a Dict or Tuple space
+            raise ConfigError(f"{where}: {key} are an HDF5 group, i.e. a Dict or Tuple space; "
+                              f"BC here reads flat Box and Discrete spaces")
+        if not isinstance(ep[key], h5py.Dataset):
+            raise ConfigError(f"{where}: {key} is not an array")
+    # Dtypes before reading: a JPEG-encoded image (minari's default for uint8 image spaces) is
+    # a variable-length byte string and text a string, neither an array of numbers.
+    for key in MINARI_KEYS:
+        if ep[key].dtype.kind not in "biuf":
+            raise ConfigError(f"{where}: {key} are not numbers (dtype {ep[key].dtype}; "
+                              f"JPEG-encoded images and text are not read)")
+    if ep["actions"].ndim == 0 or ep["observations"].ndim == 0:
+        raise ConfigError(f"{where}: observations and actions must be arrays with a time axis")
+    T = ep["actions"].shape[0]
+    if ep["observations"].shape[0] != T + 1:
+        raise ConfigError(f"{where}: {ep['observations'].shape[0]} observations for {T} actions (needs T+1)")
+    for key in ("rewards", "terminations", "truncations"):
+        if ep[key].shape != (T,):
+            raise ConfigError(f"{where}: {key} of shape {ep[key].shape}, expected {(T,)}")
+    obs, actions, rewards = ep["observations"][()], ep["actions"][()], ep["rewards"][()]
+    flags = []
+    for key in ("terminations", "truncations"):
+        values = ep[key][()]
+        if not np.isin(values, (0, 1)).all():
+            raise ConfigError(f"{where}: {key} are not booleans")
+        flags.append(values.astype(bool))
+    return obs, actions, rewards, flags[0], flags[1]
+
+
 def read_minari(folder: str) -> Dataset:
-    """Minari's layout: one HDF5 group per episode with T+1 observations."""
-    path = os.path.join(folder, "data", "main_data.hdf5")
+    """A Minari dataset folder (minari >= 0.5 with its hdf5 storage, as DataCollector writes it):
+    <folder>/data/ holds main_data.hdf5, one group episode_<id> per episode, and metadata.json
+    (env_spec, ref_min_score, ref_max_score, ...). The data/ folder itself may be given too."""
+    data_dir = os.path.join(folder, "data")
+    if not os.path.isdir(data_dir) and os.path.isfile(os.path.join(folder, "main_data.hdf5")):
+        data_dir = folder
+    metadata = _minari_metadata(os.path.join(data_dir, "metadata.json"))
+    path = os.path.join(data_dir, "main_data.hdf5")
     if not os.path.isfile(path):
         raise ConfigError(f"{folder}: not a Minari dataset folder (no data/main_data.hdf5)")
-    metadata = {}
-    meta_path = os.path.join(folder, "metadata.json")
-    if os.path.isfile(meta_path):
-        with open(meta_path) as f:
-            raw = json.load(f)
-        metadata = {k: v for k, v in raw.items() if isinstance(v, (str, int, float, bool))}
-        spec = raw.get("env_spec")
-        if isinstance(spec, str):  # minari stores the env spec as a JSON string
-            try:
-                spec = json.loads(spec)
-            except ValueError:
-                spec = None
-        if isinstance(spec, dict) and "id" in spec:
-            metadata["env_id"] = spec["id"]
     parts = {k: [] for k in REQUIRED}
     with h5py.File(path, "r") as f:
-        names = sorted(f.keys(), key=lambda s: int(s.split("_")[-1]) if s.split("_")[-1].isdigit() else s)
+        names = list(f.keys())
         for name in names:
-            ep = f[name]
-            missing = [k for k in ("observations", "actions", "rewards", "terminations", "truncations") if k not in ep]
-            if missing:
-                raise ConfigError(f"{path}: episode {name} is missing {', '.join(missing)}")
-            obs, T = ep["observations"][()], len(ep["actions"])
-            if len(obs) != T + 1 or any(len(ep[k]) != T for k in ("rewards", "terminations", "truncations")):
-                raise ConfigError(f"{path}: episode {name} needs T+1 observations and T of everything else")
-            timeouts = ep["truncations"][()].astype(bool).copy()
-            if T and not (timeouts[-1] or ep["terminations"][-1]):
+            is_episode = name.startswith("episode_") and name[len("episode_"):].isdigit()
+            if not (is_episode and isinstance(f[name], h5py.Group)):
+                raise ConfigError(f"{path}: {name!r} is not an episode group (episode_<id>)")
+        if not names:
+            raise ConfigError(f"{path}: no episodes")
+        names.sort(key=lambda name: int(name[len("episode_"):]))  # in id order, not episode_10 < episode_2
+        first = None
+        for name in names:
+            where = f"{path}: {name}"
+            obs, actions, rewards, terminals, timeouts = _minari_episode(f[name], where)
+            # Episodes must agree before they are concatenated: numpy would fail on other widths
+            # without naming the episode, and would silently turn integer actions into floats.
+            if first is None:
+                first = (name, obs.shape[1:], actions.dtype, actions.shape[1:])
+            elif obs.shape[1:] != first[1]:
+                raise ConfigError(f"{where}: observations of shape {obs.shape[1:]}, {first[0]}'s are {first[1]}")
+            elif (np.issubdtype(actions.dtype, np.integer) != np.issubdtype(first[2], np.integer)
+                  or actions.shape[1:] != first[3]):
+                raise ConfigError(f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, "
+                                  f"{first[0]}'s are {first[2]} of shape {first[3]}")
+            if len(actions) and not (terminals[-1] or timeouts[-1]):
                 timeouts[-1] = True  # a stored episode ends here whatever its flags say
             parts["observations"].append(obs[:-1])
-            parts["actions"].append(ep["actions"][()])
-            parts["rewards"].append(ep["rewards"][()])
-            parts["terminals"].append(ep["terminations"][()])
+            parts["actions"].append(actions)
+            parts["rewards"].append(rewards)
+            parts["terminals"].append(terminals)
             parts["timeouts"].append(timeouts)
-    if not names:
-        raise ConfigError(f"{path}: no episodes")
+    steps = sum(len(r) for r in parts["rewards"])
+    for key, found, what in (("total_episodes", len(names), "episodes"), ("total_steps", steps, "steps")):
+        claimed = metadata.get(key)
+        if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed != found:
+            raise ConfigError(f"{folder}: metadata.json says {claimed} {what}, main_data.hdf5 holds {found}")
     return _from_flat({k: np.concatenate(v) for k, v in parts.items()}, metadata, folder)
 
 
@@ -305,6 +420,16 @@ def read_dataset(path: str) -> Dataset:
         values = getattr(ds, name)
         if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
             raise ConfigError(f"{path}: {name} contain NaN or inf")
+    for key in ("ref_min_score", "ref_max_score"):  # used in arithmetic at every evaluation
+        value = ds.metadata.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value)):
+            raise ConfigError(f"{path}: metadata {key} must be a number, got {value!r}")
+    env_id = ds.metadata.get("env_id")
+    if env_id is not None and not (isinstance(env_id, str) and env_id):
+        raise ConfigError(f"{path}: metadata env_id must be a non-empty string, got {env_id!r}")
+    if env_id and ":" in env_id:  # gymnasium imports the module named before ':' when making the env
+        raise ConfigError(f"{path}: env id {env_id!r} names a module to import; not taken from a file")
     return ds
 
 
@@ -334,11 +459,19 @@ def trajectory_bounds(terminals: np.ndarray, timeouts: np.ndarray) -> np.ndarray
 
 
 def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
-    """Rows of the best ceil(fraction * #trajectories) trajectories by undiscounted return."""
+    """Rows of "x% BC": the top `fraction` of the dataset's timesteps ordered by their episode's
+    undiscounted return (Chen et al. 2021, section 5.3), selected as the paper's code does:
+    whole trajectories, best return first, while their total length stays within
+    floor(fraction * N) rows; the best trajectory is always kept, and the selection stops at
+    the first trajectory that does not fit (a shorter, worse one is not tried). Ties: the
+    earlier trajectory first."""
     bounds = trajectory_bounds(ds.terminals, ds.timeouts)
     returns = np.add.reduceat(ds.rewards.astype(np.float64), bounds[:, 0])
-    keep = max(1, int(np.ceil(fraction * len(bounds))))
-    best = np.argsort(-returns, kind="stable")[:keep]
+    order = np.argsort(-returns, kind="stable")
+    budget = int(fraction * len(ds.rewards) + 1e-6)  # the epsilon: 0.29 * 100 is 28.999999999999996
+    covered = np.cumsum(bounds[order, 1] - bounds[order, 0])
+    keep = max(1, int(np.sum(covered <= budget)))  # covered only grows, so this counts a prefix
+    best = order[:keep]
     mask = np.zeros(len(ds.rewards), bool)
     for start, end in bounds[best]:
         mask[start:end] = True
@@ -717,55 +850,154 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
 # Checkpoints and logging
 # ---------------------------------------------------------------------------------------------
 
-def save_pickle_atomic(path: str, payload: dict) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: a crash leaves the old file."""
+# A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
+# file someone shared can be refused, but loading it never runs code (pickle, which earlier
+# versions used, runs whatever the file tells it to). Member "meta.json" holds the format tag,
+# the flags and the counters as JSON; every other member is one array named by its place
+# ("train_state/params/params/Dense_0/kernel", "obs_mean", ...). Every name, shape and dtype
+# is compared with what this script builds before any of it is used.
+META = "meta.json"
+
+
+def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash, a kill or a full
+    disk leaves the previous file whole."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
+        raise
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)  # so that the rename, not only the data, survives a power cut
+    finally:
+        os.close(folder)
 
 
-def load_payload(path: str) -> dict:
-    """A checkpoint.pkl or model.pkl written by this script, or a one-line ConfigError."""
+def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
+    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, or a ConfigError."""
     if os.path.isdir(path):
-        path = os.path.join(path, "checkpoint.pkl")
+        path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
         raise ConfigError(f"no such file: {path}")
+    with open(path, "rb") as f:
+        if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
+            raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
+                              "since unpickling can run any code; convert a model.pkl you trust with the project's "
+                              "tools/convert_pkl.py (README, 'Old .pkl files')")
     try:
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-    except Exception as e:
-        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{path} was not written by {SCRIPT}.py")
-    return payload
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+    except Exception as e:  # a cut-short zip, an object array, a member that is not .npy, ...
+        reason = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ConfigError(f"{path} is not a readable {kind} ({reason})") from None
+    raw = arrays.pop(META, None)
+    try:
+        meta = json.loads(raw.tobytes()) if raw is not None and raw.dtype == np.uint8 else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("kind") != kind:
+        raise ConfigError(f"{path} is not a {kind} written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+    return meta, arrays
 
 
-def restore_tree(template, leaves: list, what: str):
-    """Put saved leaves into the structure of `template`, checking they fit."""
-    flat, treedef = jax.tree_util.tree_flatten(template)
-    if len(flat) != len(leaves) or any(np.shape(a) != np.shape(b) for a, b in zip(flat, leaves)):
-        raise ConfigError(f"the saved {what} does not match this network (different --hidden-sizes "
-                          "or env?)")
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+def check_array(arrays: dict, name: str, shape: tuple, dtype, path: str, hint: str = "") -> np.ndarray:
+    got = arrays.get(name)
+    if got is None or got.shape != tuple(shape) or got.dtype != np.dtype(dtype):
+        found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
+        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}{hint}")
+    return got
 
 
-def host_leaves(tree) -> list:
-    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+def saved_count(meta: dict, name: str, path: str) -> int:
+    value = meta.get(name)
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"{path}: {name} in meta.json is {value!r}, not a count")
+    return value
+
+
+def tree_arrays(prefix: str, tree) -> dict:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
+    return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
+
+
+def restore_tree(template, arrays: dict, prefix: str, path: str):
+    """The arrays named prefix* put into the structure of `template`, each checked for name,
+    shape and dtype, none left over."""
+    wanted = tree_arrays(prefix, template)
+    hint = " (written for other --hidden-sizes or another env?)"
+    leaves = [check_array(arrays, name, like.shape, like.dtype, path, hint) for name, like in wanted.items()]
+    extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
+    if extra:
+        raise ConfigError(f"{path}: unexpected array {extra[0]}{hint}")
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
+
+
+def json_fits(value, hint) -> bool:
+    """Whether a value read from JSON has the type an Args field is annotated with."""
+    origin, params = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(json_fits(value, h) for h in params)
+    if origin is typing.Literal:
+        return any(type(value) is type(p) and value == p for p in params)
+    if origin in (tuple, list):
+        return isinstance(value, list) and all(json_fits(v, params[0]) for v in value)
+    if hint is float:
+        return type(value) in (int, float)
+    return type(value) is (type(None) if hint is None else hint)
+
+
+def args_from_json(saved, path: str) -> Args:
+    """Flags read back from a file, each checked against its annotation (the file may be
+    hostile); flags this version does not know are ignored, missing ones take the default."""
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: no flags in it")
+    hints, defaults, values = typing.get_type_hints(Args), Args(), {}
+    for field in dataclasses.fields(Args):
+        if field.name not in saved:
+            continue
+        value = saved[field.name]
+        if not json_fits(value, hints[field.name]):
+            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {field.type}")
+        if isinstance(getattr(defaults, field.name), tuple):
+            value = tuple(value)
+        elif type(value) is int and json_fits(0.5, hints[field.name]):
+            value = float(value)
+        values[field.name] = value
+    args = Args(**values)
+    if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
+        raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
+    check_args(args)
+    return args
 
 
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, resume_step: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._writer = EventFileWriter(run_dir)
         self._eval_csv = os.path.join(run_dir, "eval.csv")
+        if resume_step is not None and os.path.exists(self._eval_csv):
+            # Evaluations logged after the checkpoint belong to steps that are about to be done
+            # again: drop them, so that eval.csv keeps one row per step.
+            with open(self._eval_csv, newline="") as f:
+                rows = list(csv.reader(f))
+            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= resume_step]
+            with open(self._eval_csv + ".tmp", "w", newline="") as f:
+                csv.writer(f).writerows(keep)
+            os.replace(self._eval_csv + ".tmp", self._eval_csv)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
@@ -786,26 +1018,42 @@ class Logger:
         self._writer.close()
 
 
-def resolve_args(args: Args) -> Args:
-    """For --resume: the run's saved flags, overridden by those given here that differ from the
-    defaults (e.g. a larger --total-timesteps to extend the run)."""
+def given_flags(argv) -> frozenset:
+    """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
+    names, given = {f.name for f in dataclasses.fields(Args)}, set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            name = name[3:] if name not in names and name.startswith("no_") else name
+            given.add(name)
+    return frozenset(given & names)
+
+
+def typed(args: Args, given: Optional[frozenset]) -> frozenset:
+    """Flags that count as given: those typed (from cli), or for code that builds Args itself,
+    those that differ from their defaults."""
+    if given is not None:
+        return given
+    defaults = Args()
+    return frozenset(f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != getattr(defaults, f.name))
+
+
+def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
+    """For --resume: the run's saved flags, overridden by those typed here (e.g. a larger
+    --total-timesteps to extend the run; --preset's values count only where typed)."""
     path = os.path.join(args.resume, "args.json")
     if not os.path.isfile(path):
         raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
-    with open(path) as f:
-        saved = json.load(f)
-    if saved.get("script") != SCRIPT:
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(f"{path} is not JSON") from None
+    if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
-    defaults = Args()
-    merged = {}
-    for flag in dataclasses.fields(Args):
-        given = getattr(args, flag.name)
-        value = saved["args"].get(flag.name, given)
-        if given != getattr(defaults, flag.name):
-            value = given
-        merged[flag.name] = tuple(value) if isinstance(given, tuple) else value
-    merged.update(resume=args.resume, run_dir=args.resume)
-    return Args(**merged)
+    merged = args_from_json(saved.get("args"), path)
+    merged = dataclasses.replace(merged, **{name: getattr(args, name) for name in typed(args, given)})
+    return dataclasses.replace(merged, resume=args.resume, run_dir=args.resume)
 
 
 class StopRequest:
@@ -871,23 +1119,49 @@ def load_training_data(args: Args) -> TrainingData:
                         int(space.n) if discrete else space.shape[0], ref_min, ref_max, digest)
 
 
+def model_from_file(path: str) -> Tuple[dict, Policy, Any, ObsStats]:
+    """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = load_npz(path, kind)
+    saved = args_from_json(meta.get("args"), path)
+    env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
+    if not (isinstance(env_id, str) and ":" not in env_id and mode in ("discrete", "mse", "nll")
+            and type(out_dim) is int and out_dim > 0
+            and all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))):
+        raise ConfigError(f"{path}: env_id, mode, out_dim or reference scores in meta.json are not valid")
+    mean = arrays.get("obs_mean")
+    obs_dim = mean.shape[0] if isinstance(mean, np.ndarray) and mean.ndim == 1 else 0
+    stats = ObsStats(check_array(arrays, "obs_mean", (obs_dim,), np.float32, path),
+                     check_array(arrays, "obs_std", (obs_dim,), np.float32, path))
+    policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
+    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    prefix = "train_state/params/" if kind == "checkpoint" else "params/"
+    params = restore_tree(template, {k: v for k, v in arrays.items() if k.startswith(prefix)}, prefix, path)
+    return meta, policy, params, stats
+
+
 def run_eval_only(args: Args) -> np.ndarray:
-    payload = load_payload(args.load)
-    saved = payload["args"]
-    policy = Policy(payload["out_dim"], tuple(saved["hidden_sizes"]), payload["mode"] == "nll")
-    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, len(payload["obs_mean"]))))
-    params = restore_tree(template, payload["params"], "policy parameters")
-    stats = ObsStats(payload["obs_mean"], payload["obs_std"])
-    returns = evaluate(make_act(policy, payload["mode"]), params, stats, payload["env_id"],
+    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
+    meta, policy, params, stats = model_from_file(path)
+    envs = make_env(meta["env_id"], 1)
+    obs_shape, space = envs.single_observation_space.shape, envs.single_action_space
+    envs.close()
+    discrete = isinstance(space, gym.spaces.Discrete)
+    if int(np.prod(obs_shape)) != len(stats.mean) or (meta["mode"] == "discrete") != discrete or \
+            meta["out_dim"] != (int(space.n) if discrete else space.shape[0]):
+        raise ConfigError(f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
+                          f"{meta['env_id']} has observations {obs_shape} and actions {space}")
+    returns = evaluate(make_act(policy, meta["mode"]), params, stats, meta["env_id"],
                        args.eval_episodes, args.seed + 10_000)
-    score = normalized_score(returns, payload.get("ref_min"), payload.get("ref_max"))
-    print(f"eval {payload['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+    score = normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
+    print(f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
           f"episodes, normalised score {score:.1f}")
     return returns
 
 
-def main(args: Args) -> dict:
-    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError."""
+def main(args: Args, given: Optional[frozenset] = None) -> dict:
+    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
+    `given`: the flags typed on the command line (cli passes them; see typed())."""
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
     # per-step policy call of the evaluation that handoff costs more than the network.
@@ -896,8 +1170,7 @@ def main(args: Args) -> dict:
         returns = run_eval_only(args)
         return {"eval_mean": float(returns.mean())}
     if args.resume:
-        args = resolve_args(args)
-        check_args(args)
+        args = resolve_args(args, given)
     if not args.dataset:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
 
@@ -914,27 +1187,35 @@ def main(args: Args) -> dict:
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {env_id}, loss {mode}")
 
     if args.resume:
-        payload = load_payload(os.path.join(args.resume, "checkpoint.pkl"))
-        if payload["digest"] != digest:
+        ckpt = os.path.join(args.resume, "checkpoint.npz")
+        meta, arrays = load_npz(ckpt, "checkpoint")
+        if meta.get("digest") != digest:
             raise ConfigError(f"--resume {args.resume}: the dataset differs from the one this run trained on")
-        state = restore_tree(state, payload["train_state"], "train state")
-        replay.load_priorities(payload["priority"], payload["max_priority"])
+        state = restore_tree(state, arrays, "train_state/", ckpt)
+        priority = check_array(arrays, "priority", replay.priority.shape, np.float64, ckpt)
+        max_priority = float(check_array(arrays, "max_priority", (), np.float64, ckpt))
+        if not (np.isfinite(priority).all() and (priority >= 0).all() and np.isfinite(max_priority) and max_priority > 0):
+            raise ConfigError(f"{ckpt}: priorities out of range")
+        replay.load_priorities(priority, max_priority)
         print(f"resumed {args.resume} at update {int(state.sgd_steps)}")
     run_dir = args.run_dir or os.path.join(
         "runs", f"{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
+    for name in os.listdir(run_dir):
+        if ".npz.tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+            os.remove(os.path.join(run_dir, name))
     with open(os.path.join(run_dir, "args.json"), "w") as f:
         json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
-    logger = Logger(run_dir)
-    model_info = {"format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "env_id": env_id,
-                  "mode": mode, "out_dim": out_dim, "obs_mean": stats.mean, "obs_std": stats.std,
-                  "ref_min": ref_min, "ref_max": ref_max}
+    logger = Logger(run_dir, int(state.sgd_steps) if args.resume else None)
+    meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": env_id,
+            "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
+    stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
 
     def checkpoint():
         writer.flush()
-        save_pickle_atomic(os.path.join(run_dir, "checkpoint.pkl"), {
-            **model_info, "params": host_leaves(state.params), "train_state": host_leaves(state),
-            "digest": digest, "priority": replay.priority.copy(), "max_priority": replay.max_priority()})
+        save_npz_atomic(os.path.join(run_dir, "checkpoint.npz"), {**meta, "kind": "checkpoint", "digest": digest},
+                        {**tree_arrays("train_state/", state), **stats_arrays, "priority": replay.priority.copy(),
+                         "max_priority": np.asarray(replay.max_priority(), np.float64)})
 
     def run_eval(step):
         returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
@@ -943,6 +1224,8 @@ def main(args: Args) -> dict:
         return f"{returns.mean():.1f} (score {score:.1f})"
 
     updates = int(state.sgd_steps)
+    # beta before the prefetch thread starts: its first draws happen before the loop sets it.
+    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
     prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call),
                             args.prefetch_size)
     writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
@@ -951,16 +1234,20 @@ def main(args: Args) -> dict:
     stop = StopRequest()
     try:
         with stop:
-            while updates + args.updates_per_call <= args.total_updates and stop.signum is None:
+            while updates < args.total_updates and stop.signum is None:
                 replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
+                steps = min(args.updates_per_call, args.total_updates - updates)
                 t0 = time.perf_counter()
-                batches, indexes = prefetcher.get()
+                if steps == args.updates_per_call:
+                    batches, indexes = prefetcher.get()
+                else:  # the last call, when K does not divide --total-updates (compiled once more)
+                    batches, indexes = sample_batches(replay, args.batch_size, steps)
                 t1 = time.perf_counter()
                 state, metrics, priorities = update(state, batches)
                 writer.submit(indexes, priorities, updates)
                 window["wait"] += t1 - t0
                 window["learn"] += time.perf_counter() - t0
-                before, updates = updates, updates + args.updates_per_call
+                before, updates = updates, updates + steps
                 if updates // args.eval_every > before // args.eval_every and updates < args.total_updates:
                     last_eval = run_eval(updates)
                 if updates // args.log_every > before // args.log_every:
@@ -983,7 +1270,8 @@ def main(args: Args) -> dict:
         logger.close()
         print(f"stopped by signal {stop.signum} at update {updates}; continue with --resume {run_dir}", flush=True)
         return {"run_dir": run_dir, "updates": updates, "signal": stop.signum}
-    save_pickle_atomic(os.path.join(run_dir, "model.pkl"), {**model_info, "params": host_leaves(state.params)})
+    save_npz_atomic(os.path.join(run_dir, "model.npz"), {**meta, "kind": "model"},
+                    {**tree_arrays("params/", state.params), **stats_arrays})
     returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
     score = normalized_score(returns, ref_min, ref_max)
     logger.eval(updates, returns, score)
@@ -994,10 +1282,11 @@ def main(args: Args) -> dict:
 
 
 def cli(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = tyro.cli(Args, args=argv)
     try:
-        result = main(args)
-    except (ConfigError, Diverged) as e:
+        result = main(args, given_flags(argv))
+    except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     return 128 + result["signal"] if "signal" in result else 0

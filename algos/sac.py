@@ -79,6 +79,7 @@ import signal
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
 
@@ -955,7 +956,8 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
             raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
-                              "since unpickling can run any code (README, 'Old .pkl files', says how to convert one)")
+                              "since unpickling can run any code; convert a model.pkl you trust with the project's "
+                              "tools/convert_pkl.py (README, 'Old .pkl files')")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -1004,23 +1006,36 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
+def json_fits(value, hint) -> bool:
+    """Whether a value read from JSON has the type an Args field is annotated with."""
+    origin, params = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(json_fits(value, h) for h in params)
+    if origin is typing.Literal:
+        return any(type(value) is type(p) and value == p for p in params)
+    if origin in (tuple, list):
+        return isinstance(value, list) and all(json_fits(v, params[0]) for v in value)
+    if hint is float:
+        return type(value) in (int, float)
+    return type(value) is (type(None) if hint is None else hint)
+
+
 def args_from_json(saved, path: str) -> Args:
-    """Flags read back from a file, each checked against the type of its default (the file may
-    be hostile); flags this version does not know are ignored, missing ones take the default."""
+    """Flags read back from a file, each checked against its annotation (the file may be
+    hostile); flags this version does not know are ignored, missing ones take the default."""
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: no flags in it")
-    defaults, values = Args(), {}
+    hints, defaults, values = typing.get_type_hints(Args), Args(), {}
     for field in dataclasses.fields(Args):
         if field.name not in saved:
             continue
-        value, default = saved[field.name], getattr(defaults, field.name)
-        if isinstance(default, tuple) and isinstance(value, list) and all(type(v) is int for v in value):
+        value = saved[field.name]
+        if not json_fits(value, hints[field.name]):
+            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {field.type}")
+        if isinstance(getattr(defaults, field.name), tuple):
             value = tuple(value)
-        elif isinstance(default, float) and type(value) is int:
+        elif type(value) is int and json_fits(0.5, hints[field.name]):
             value = float(value)
-        ok = type(value) is type(default) or (default is None and (value is None or type(value) is str))
-        if not ok:
-            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {type(default).__name__}")
         values[field.name] = value
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env

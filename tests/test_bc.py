@@ -55,13 +55,14 @@ def write_d4rl(path, flat, metadata=None):
 
 
 def write_minari(folder, eps, env_id="Pendulum-v1"):
+    """Minari 0.5's layout, both files in data/ (tests/test_minari.py uses minari itself)."""
     os.makedirs(os.path.join(folder, "data"))
     with h5py.File(os.path.join(folder, "data", "main_data.hdf5"), "w") as f:
         for i, e in enumerate(eps):
             g = f.create_group(f"episode_{i}")
             for k, v in e.items():
                 g.create_dataset(k, data=v)
-    with open(os.path.join(folder, "metadata.json"), "w") as f:
+    with open(os.path.join(folder, "data", "metadata.json"), "w") as f:
         json.dump({"env_spec": json.dumps({"id": env_id}), "ref_min_score": -1200.0, "ref_max_score": -150.0}, f)
 
 
@@ -101,6 +102,55 @@ def test_trajectory_split_at_terminals_and_timeouts_and_top_fraction():
     np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.5)), [3, 4, 9])  # best 2 of 4
     np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.1)), [3, 4])    # at least 1
     assert bc.top_fraction_mask(ds, 1.0).all()
+
+
+def test_top_fraction_keeps_the_top_timesteps_as_decision_transformer_does():
+    # %BC (Chen et al. 2021, 5.3): whole trajectories, best return first, while they fit in
+    # floor(fraction * N) rows; the best one always; stop at the first that does not fit.
+    # Trajectories in file order: D (4 rows, return 2), A (2, 10), E (1, 1), B (10, 8), C (3, 6);
+    # by return A, B, C, D, E with cumulative lengths 2, 12, 15, 19, 20.
+    lengths, returns = [4, 2, 1, 10, 3], [2.0, 10.0, 1.0, 8.0, 6.0]
+    rewards = np.concatenate([np.full(n, r / n) for n, r in zip(lengths, returns)]).astype(np.float32)
+    ends = np.cumsum(lengths) - 1
+    terminals, timeouts = np.zeros(20, bool), np.zeros(20, bool)
+    terminals[ends[[0, 2]]] = True
+    timeouts[ends[[1, 3, 4]]] = True
+    ds = bc.Dataset(np.zeros((20, 1), np.float32), np.zeros((20, 1), np.float32), rewards, terminals, timeouts, {})
+    rows = {"D": range(0, 4), "A": range(4, 6), "E": range(6, 7), "B": range(7, 17), "C": range(17, 20)}
+
+    def kept(fraction):
+        mask = bc.top_fraction_mask(ds, fraction)
+        names = "".join(sorted(k for k, r in rows.items() if mask[list(r)].all()))
+        assert mask.sum() == sum(len(rows[k]) for k in names)  # whole trajectories only
+        return names
+
+    assert kept(0.5) == "A"       # 10 rows: A (2) fits, B (12) does not, and C is not tried
+    assert kept(0.6) == "AB"      # 12 rows
+    assert kept(0.75) == "ABC"    # 15 rows; 3 of 5 trajectories, not ceil(0.75 * 5) = 4
+    assert kept(0.05) == "A"      # 1 row: the best trajectory is kept whole
+    assert kept(0.95) == "ABCD"   # 19 rows
+    assert kept(1.0) == "ABCDE"
+
+
+def test_a_file_ending_mid_trajectory_ends_it_there(tmp_path):
+    # The first file stops 3 rows into an episode (no flag on its last row): concatenated with a
+    # second file, that tail must stay a trajectory of its own, not join the next file's first
+    # episode (nor be ranked by --top-fraction with that episode's return).
+    rng = np.random.default_rng(6)
+    first = flat_from_episodes(episodes_data(rng, [4, 3]))
+    first["terminals"][-1] = False
+    second = flat_from_episodes(episodes_data(rng, [5]))
+    second["rewards"][:] = 10.0  # a good episode: joined to the tail, it would carry the tail in
+    meta = {"env_id": "Pendulum-v1"}
+    write_d4rl(tmp_path / "a.hdf5", first, meta)
+    np.savez(tmp_path / "a.npz", **first, **{f"metadata/{k}": v for k, v in meta.items()})
+    write_d4rl(tmp_path / "b.hdf5", second, meta)
+    for name in ("a.hdf5", "a.npz"):
+        paths = [str(tmp_path / name), str(tmp_path / "b.hdf5")]
+        ds = bc.concatenate([bc.read_dataset(p) for p in paths], paths)
+        np.testing.assert_array_equal(bc.trajectory_bounds(ds.terminals, ds.timeouts), [[0, 4], [4, 7], [7, 12]])
+        assert ds.timeouts[6] and not ds.terminals[6]  # cut off, not finished
+        np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 5 / 12)), np.arange(7, 12))
 
 
 def test_losses_and_priorities_match_references():
@@ -170,16 +220,16 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
 
     run = str(tmp_path / "bc")
     assert bc.cli(FAST + ["--dataset", data, "--total-updates", "200", "--run-dir", run]) == 0
-    model = bc.load_payload(os.path.join(run, "model.pkl"))
+    model = bc.load_npz(os.path.join(run, "model.npz"), "model")[1]
     np.testing.assert_allclose(model["obs_mean"], ds.observations.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model["obs_std"], ds.observations.std(0), rtol=1e-5, atol=1e-6)
     capsys.readouterr()
-    assert bc.cli(["--eval-only", "--load", os.path.join(run, "model.pkl"), "--eval-episodes", "2"]) == 0
+    assert bc.cli(["--eval-only", "--load", os.path.join(run, "model.npz"), "--eval-episodes", "2"]) == 0
     assert "normalised score" in capsys.readouterr().out
     # Resume continues the update counter; the checkpoint holds the priorities.
     assert bc.cli(["--resume", run, "--total-updates", "300"]) == 0
-    ckpt = bc.load_payload(run)
-    assert int(ckpt["train_state"][-1]) == 300 and len(ckpt["priority"]) == 400
+    ckpt = bc.load_npz(run, "checkpoint")[1]
+    assert int(ckpt["train_state/sgd_steps"]) == 300 and len(ckpt["priority"]) == 400
     # Two files at once (their union), discrete data trains with cross-entropy.
     assert bc.cli(FAST + ["--dataset", data2, "--dataset", data2, "--total-updates", "100",
                           "--run-dir", str(tmp_path / "bc2")]) == 0
@@ -195,6 +245,7 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
     ("action_shape", "do not match the env"),
     ("bounds", "outside the env's bounds"),
     ("no_env", "no env_id in the metadata"),
+    ("env_module", "names a module to import"),
 ])
 def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, problem, message):
     rng = np.random.default_rng(3)
@@ -215,6 +266,8 @@ def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, probl
         flat["actions"][0] = 7.0
     elif problem == "no_env":
         meta = {}
+    elif problem == "env_module":  # gym.make would import the module before ':'
+        meta = {"env_id": "os:Pendulum-v1"}
     if problem == "garbage":
         with open(path, "wb") as f:
             f.write(b"this is not hdf5")

@@ -211,3 +211,12 @@ def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
     assert len(arrays["replay/priority"]) == 400  # 1-step rows: one per env step
     assert dqn.cli(["--resume", run_dir, "--total-timesteps", "480"]) == 0
     assert dqn.load_npz(run_dir, "checkpoint")[0]["global_step"] == 480
+    # A checkpoint whose rows name frames the store never wrote is refused (a hostile file
+    # would otherwise index outside the frame ring when sampled).
+    path = os.path.join(run_dir, "checkpoint.npz")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["replay/obs"][0, 0] = 10**9
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    assert dqn.cli(["--resume", run_dir, "--total-timesteps", "500"]) == 2

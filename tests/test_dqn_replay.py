@@ -106,7 +106,7 @@ def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(sto
     state = rp.state_dict()
 
     other = make(capacity=8, alpha=1.0, eps=0.0)
-    other.load_state_dict(state)
+    other.load_state_dict(state, "state")
     assert other.buffer.get_stored_size() == stored
     assert other.buffer.get_next_index() == next_index
     assert other.max_priority() == 99.0

@@ -318,3 +318,32 @@ def test_full_disk_ends_the_run_in_one_line_and_keeps_the_checkpoint(script, run
     assert not [n for n in os.listdir(run_dir) if ".tmp." in n]
     monkeypatch.setattr(module.np, "savez", real_savez)
     assert module.cli(["--resume", run_dir, flag, "400"]) == 0
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, capsys):
+    """tools/convert_pkl.py: an earlier version's model.pkl (built here in that layout: the
+    format tag /1, the flags, the parameter leaves in flatten order) becomes a model.npz that
+    --eval-only loads, with the same arrays."""
+    import subprocess
+    import sys
+
+    module = MODULES[script]
+    meta, arrays = module.load_npz(os.path.join(runs[script], "model.npz"), "model")
+    old = {"format": f"{module.SCRIPT}/1", "args": meta["args"],
+           "params": [v for k, v in arrays.items() if k.startswith("params/")]}
+    if script == "bc":
+        old.update({k: meta[k] for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")},
+                   obs_mean=arrays["obs_mean"], obs_std=arrays["obs_std"])
+    path = tmp_path / "model.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(old, f)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "convert_pkl.py"), str(path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    _, converted = module.load_npz(str(tmp_path / "model.npz"), "model")
+    assert set(converted) == set(arrays)
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(converted[name], value)
+    capsys.readouterr()
+    assert module.cli(["--eval-only", "--load", str(tmp_path / "model.npz"), "--eval-episodes", "1"]) == 0
