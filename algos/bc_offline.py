@@ -152,7 +152,7 @@ class Args:
     """output folder; default runs/<env_id>__bc_offline__<seed>__<unix_time>"""
     resume: Optional[str] = None
     """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
-    here override it; a larger --total-updates re-stretches the beta schedule)"""
+    here override it; a larger --total-updates re-stretches the lr and beta schedules)"""
     eval_only: bool = False
     """evaluate the policy in --load and exit"""
     load: Optional[str] = None
@@ -177,8 +177,12 @@ def check_args(args: Args) -> None:
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        raise ConfigError(f"--hidden-sizes must be positive widths, got {args.hidden_sizes}")
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
+        raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
+    for field in dataclasses.fields(Args):  # NaN passes every comparison below
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not np.isfinite(value):
+            raise ConfigError(f"--{field.name.replace('_', '-')} must be a finite number, got {value}")
     if args.loss not in ("mse", "nll"):
         raise ConfigError(f"--loss must be 'mse' or 'nll', got {args.loss!r}")
     if not 0.0 < args.top_fraction <= 1.0:
@@ -859,13 +863,13 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
 META = "meta.json"
 
 
-def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: a crash, a kill or a full
-    disk leaves the previous file whole."""
+def write_atomic(path: str, write: Callable) -> None:
+    """write(file) into a temp file in the same folder, fsync, then rename: a crash, a kill or
+    a full disk leaves the previous file whole."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -882,12 +886,26 @@ def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
         os.close(folder)
 
 
+def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
+    write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+
+
+def read_json(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than Python recurses
+        raise ConfigError(f"{path} is not JSON") from None
+
+
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, or a ConfigError."""
     if os.path.isdir(path):
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
-        raise ConfigError(f"no such file: {path}")
+        old = path[:-len(".npz")] + ".pkl"
+        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
+        raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
             raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
@@ -899,10 +917,13 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     except Exception as e:  # a cut-short zip, an object array, a member that is not .npy, ...
         reason = f"{type(e).__name__}: {e}".splitlines()[0]
         raise ConfigError(f"{path} is not a readable {kind} ({reason})") from None
+    strange = [name for name, value in arrays.items() if not isinstance(value, np.ndarray)]
+    if strange:  # np.load hands back a member that is not a .npy file as raw bytes
+        raise ConfigError(f"{path} is not a readable {kind} (member {strange[0]!r} is not an array)")
     raw = arrays.pop(META, None)
     try:
         meta = json.loads(raw.tobytes()) if raw is not None and raw.dtype == np.uint8 else None
-    except ValueError:
+    except (ValueError, RecursionError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("kind") != kind:
         raise ConfigError(f"{path} is not a {kind} written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
@@ -982,19 +1003,19 @@ def args_from_json(saved, path: str) -> Args:
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
 
-    def __init__(self, run_dir: str, resume_step: Optional[int] = None):
+    def __init__(self, run_dir: str, keep_until: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._writer = EventFileWriter(run_dir)
         self._eval_csv = os.path.join(run_dir, "eval.csv")
-        if resume_step is not None and os.path.exists(self._eval_csv):
+        if keep_until is not None and os.path.exists(self._eval_csv):
             # Evaluations logged after the checkpoint belong to steps that are about to be done
             # again: drop them, so that eval.csv keeps one row per step.
             with open(self._eval_csv, newline="") as f:
                 rows = list(csv.reader(f))
-            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= resume_step]
+            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= keep_until]
             with open(self._eval_csv + ".tmp", "w", newline="") as f:
                 csv.writer(f).writerows(keep)
             os.replace(self._eval_csv + ".tmp", self._eval_csv)
@@ -1044,16 +1065,19 @@ def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
     path = os.path.join(args.resume, "args.json")
     if not os.path.isfile(path):
         raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        raise ConfigError(f"{path} is not JSON") from None
+    saved = read_json(path)
     if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
         raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
     merged = args_from_json(saved.get("args"), path)
+    if "preset" in typed(args, given) and getattr(args, "preset", None) != getattr(merged, "preset", None):
+        raise ConfigError(f"--resume {args.resume}: --preset cannot change on resume (the run's values stay)")
     merged = dataclasses.replace(merged, **{name: getattr(args, name) for name in typed(args, given)})
-    return dataclasses.replace(merged, resume=args.resume, run_dir=args.resume)
+    # What to do and where to write come from the command line only, never from the folder:
+    # a shared run folder's args.json must not pick files to overwrite.
+    local = {name: getattr(args, name) for name in ("eval_only", "load", "save_dataset") if hasattr(args, name)}
+    merged = dataclasses.replace(merged, resume=args.resume, run_dir=args.resume, **local)
+    check_args(merged)  # the run's flags and the typed ones, checked together
+    return merged
 
 
 class StopRequest:
@@ -1162,6 +1186,8 @@ def run_eval_only(args: Args) -> np.ndarray:
 def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
+    if args.resume and not args.eval_only:
+        args = resolve_args(args, given)  # checks the run's flags together with those typed here
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
     # per-step policy call of the evaluation that handoff costs more than the network.
@@ -1169,8 +1195,6 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     if args.eval_only:
         returns = run_eval_only(args)
         return {"eval_mean": float(returns.mean())}
-    if args.resume:
-        args = resolve_args(args, given)
     if not args.dataset:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
 
@@ -1194,19 +1218,27 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         state = restore_tree(state, arrays, "train_state/", ckpt)
         priority = check_array(arrays, "priority", replay.priority.shape, np.float64, ckpt)
         max_priority = float(check_array(arrays, "max_priority", (), np.float64, ckpt))
-        if not (np.isfinite(priority).all() and (priority >= 0).all() and np.isfinite(max_priority) and max_priority > 0):
+        if not (np.isfinite(priority).all() and (priority >= 0).all()
+                and np.isfinite(max_priority) and max_priority > 0):
             raise ConfigError(f"{ckpt}: priorities out of range")
         replay.load_priorities(priority, max_priority)
-        print(f"resumed {args.resume} at update {int(state.sgd_steps)}")
+        saved_total = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
+        note = (f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
+                if saved_total not in (None, args.total_updates) else "")
+        print(f"resumed {args.resume} at update {int(state.sgd_steps)}{note}")
     run_dir = args.run_dir or os.path.join(
         "runs", f"{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
     for name in os.listdir(run_dir):
-        if ".npz.tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+        if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
             os.remove(os.path.join(run_dir, name))
-    with open(os.path.join(run_dir, "args.json"), "w") as f:
-        json.dump({"script": SCRIPT, "args": dataclasses.asdict(args)}, f, indent=2)
-    logger = Logger(run_dir, int(state.sgd_steps) if args.resume else None)
+    write_atomic(os.path.join(run_dir, "args.json"),
+                 lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+    # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
+    # evaluation is done again, so its row goes too).
+    resumed_at = int(state.sgd_steps)
+    keep_until = resumed_at if resumed_at < args.total_updates else resumed_at - 1
+    logger = Logger(run_dir, keep_until if args.resume else None)
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": env_id,
             "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
     stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
@@ -1289,6 +1321,9 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except MemoryError:
+        print(f"{SCRIPT}.py: error: out of memory (a smaller --buffer-size or --hidden-sizes?)", file=sys.stderr)
+        return 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

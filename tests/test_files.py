@@ -158,7 +158,21 @@ def _env_id_naming_a_module(path, arrays, marker):
     write(path, {k: v for k, v in arrays.items() if k != "meta.json"}, meta)
 
 
+def _member_not_npy(path, arrays, marker):  # np.load hands such a member back as raw bytes
+    import zipfile
+
+    write(path, arrays)
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr("key", b"raw bytes, not an array")
+
+
+def _meta_nested_too_deep(path, arrays, marker):  # json.loads raises RecursionError
+    write(path, {**arrays, "meta.json": np.frombuffer(b"[" * 200_000, np.uint8)})
+
+
 HOSTILE = {
+    "member-not-npy": (_member_not_npy, "not an array"),
+    "meta-too-deep": (_meta_nested_too_deep, "not a"),
     "pickle5": (_pickle_protocol_5, "pickle"),
     "pickle0": (_pickle_protocol_0, "not a readable"),
     "object-array": (_object_member, "not a readable"),
@@ -259,18 +273,28 @@ def test_bc_model_for_another_env_is_refused(runs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("script", list(MODULES))
-def test_good_files_round_trip(script, runs):
-    """What the loader gives back is what was written: every array, bit for bit."""
+def test_writer_and_reader_round_trip_a_train_state(script, tmp_path):
+    """A state built here (random values, the optimiser's int counters) goes through
+    tree_arrays + save_npz_atomic and comes back through load_npz + restore_tree bit for bit."""
+    import jax
+    import optax
+
     module = MODULES[script]
-    for kind in ("model", "checkpoint"):
-        path = os.path.join(runs[script], f"{kind}.npz")
-        meta, arrays = module.load_npz(path, kind)
-        raw = read(path)
-        assert meta == meta_of(raw) and meta["script"] == module.SCRIPT
-        assert set(arrays) == set(raw) - {"meta.json"}
-        for name, value in arrays.items():
-            assert value.dtype == raw[name].dtype
-            np.testing.assert_array_equal(value, raw[name])
+    rng = np.random.default_rng(0)
+    params = {"params": {"Dense_0": {"kernel": rng.normal(size=(3, 5)).astype(np.float32),
+                                     "bias": rng.normal(size=5).astype(np.float32)}}}
+    state = (params, optax.adam(1e-3).init(params), np.int32(7))
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x) + (1 if np.asarray(x).dtype.kind == "f" else 0), state)
+    path = str(tmp_path / "checkpoint.npz")
+    module.save_npz_atomic(path, {"format": module.CHECKPOINT_FORMAT, "kind": "checkpoint", "x": [1, "a"]},
+                           module.tree_arrays("train_state/", state))
+    meta, arrays = module.load_npz(path, "checkpoint")
+    assert meta["x"] == [1, "a"]
+    zeros = jax.tree_util.tree_map(np.zeros_like, state)
+    restored = module.restore_tree(zeros, arrays, "train_state/", path)
+    for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state)):
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -330,7 +354,10 @@ def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, c
 
     module = MODULES[script]
     meta, arrays = module.load_npz(os.path.join(runs[script], "model.npz"), "model")
-    old = {"format": f"{module.SCRIPT}/1", "args": meta["args"],
+    # The old scripts pickled dataclasses.asdict(args): tuples, not JSON's lists.
+    old_args = module.dataclasses.asdict(module.args_from_json(meta["args"], "meta"))
+    assert isinstance(old_args["hidden_sizes"], tuple)
+    old = {"format": f"{module.SCRIPT}/1", "args": old_args,
            "params": [v for k, v in arrays.items() if k.startswith("params/")]}
     if script == "bc":
         old.update({k: meta[k] for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")},
@@ -347,3 +374,26 @@ def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, c
         np.testing.assert_array_equal(converted[name], value)
     capsys.readouterr()
     assert module.cli(["--eval-only", "--load", str(tmp_path / "model.npz"), "--eval-episodes", "1"]) == 0
+
+
+@pytest.mark.parametrize("script", ["dqn", "sac"])
+def test_args_json_does_not_choose_files_to_write(script, runs, tmp_path, capsys):
+    """A shared run folder's args.json naming --save-dataset: not obeyed on --resume (only what
+    is typed decides where to write)."""
+    run_dir = copy_run(runs[script], tmp_path / "run")
+    target = tmp_path / "elsewhere" / "pwned.hdf5"
+    target.parent.mkdir()
+    saved = json.loads(open(os.path.join(run_dir, "args.json")).read())
+    saved["args"]["save_dataset"] = str(target)
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump(saved, f)
+    assert MODULES[script].cli(["--resume", run_dir, "--total-timesteps", "400"]) == 0
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_run_folder_of_an_earlier_version_says_so(script, runs, tmp_path, capsys):
+    run_dir = copy_run(runs[script], tmp_path / "run")
+    os.rename(os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "checkpoint.pkl"))
+    flag = "--total-updates" if script == "bc" else "--total-timesteps"
+    refused(MODULES[script], ["--resume", run_dir, flag, "400"], capsys, "no such file", "Old .pkl files")

@@ -123,3 +123,35 @@ def test_bc_first_prefetched_batches_use_the_scheduled_beta(tmp_path, monkeypatc
                    "--total-updates", "20", "--prioritized", "--per-beta0", "0.9", "--eval-episodes", "1",
                    "--eval-every", "100000", "--run-dir", str(tmp_path / "run")]) == 0
     assert seen and min(seen) >= 0.9
+
+
+@pytest.mark.parametrize("script", ["dqn", "sac"])
+def test_typed_flags_are_checked_with_the_runs_own(script, tmp_path, capsys):
+    """Checked together after the merge: a run with --batch-size 16 may be resumed with
+    --learning-starts 50 (the default batch of 128 is not the run's), and not with
+    --batch-size 500 against its --learning-starts 100 (which would be written to args.json and
+    refuse every later resume)."""
+    module = MODULES[script]
+    run = fake_run(tmp_path, module, batch_size=16, learning_starts=100)
+    capsys.readouterr()
+    assert module.cli(["--resume", run, "--batch-size", "500"]) == 2
+    assert "--learning-starts 100 must be at least --batch-size 500" in capsys.readouterr().err
+    assert module.cli(["--resume", run, "--learning-starts", "50"]) == 2  # accepted; then no checkpoint
+    err = capsys.readouterr().err
+    assert "no such file" in err and "batch" not in err
+    with open(os.path.join(run, "args.json")) as f:
+        assert json.load(f)["args"]["batch_size"] == 16  # a refused resume wrote nothing
+
+
+def test_preset_cannot_change_on_resume(tmp_path):
+    run = fake_run(tmp_path, dqn)
+    with pytest.raises(dqn.ConfigError, match="--preset cannot change"):
+        resumed(dqn, ["--preset", "atari", "--resume", run])
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_nan_flag_is_refused(script, capsys):
+    flag = "--per-alpha"
+    capsys.readouterr()
+    assert MODULES[script].cli([flag, "nan"]) == 2
+    assert "must be a finite number" in capsys.readouterr().err

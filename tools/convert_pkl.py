@@ -12,6 +12,7 @@ code that wrote them. Convert the run's model.pkl, or retrain.
 """
 
 import importlib.util
+import json
 import os
 import pickle
 import sys
@@ -60,14 +61,19 @@ def convert(path: str) -> str:
     m = load_script(script)
     import jax
 
-    args = m.args_from_json(old["args"], path)
+    # The pickle holds Python values (tuples, numpy scalars); the checks take what JSON gives.
+    try:
+        flags = json.loads(json.dumps(old["args"], default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+        args = m.args_from_json(flags, path)
+    except m.ConfigError as e:
+        raise SystemExit(f"convert_pkl.py: error: {e}") from None
     template, extra = template_params(m, old, args)
     leaves, treedef = jax.tree_util.tree_flatten(template)
     saved = [np.asarray(x) for x in old["params"]]
     if len(saved) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(saved, leaves)):
         raise SystemExit(f"{path}: its parameters do not fit the network {script}.py builds for its flags")
     params = jax.tree_util.tree_unflatten(treedef, saved)
-    meta = {"format": m.CHECKPOINT_FORMAT, "script": m.SCRIPT, "kind": "model", "args": old["args"]}
+    meta = {"format": m.CHECKPOINT_FORMAT, "script": m.SCRIPT, "kind": "model", "args": flags}
     if script == "bc_offline":
         meta.update({k: old.get(k) for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")})
         meta["out_dim"] = int(meta["out_dim"])
