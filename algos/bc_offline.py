@@ -46,13 +46,16 @@ Run
   python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5
   python algos/bc_offline.py --dataset a.hdf5 --dataset b.npz --top-fraction 0.1
   python algos/bc_offline.py --eval-only --load runs/<run>/model.npz
+  python algos/bc_offline.py --capture-video --track           # eval videos, Weights & Biases (optional)
 
 Outputs (runs/<env_id>__bc_offline__<seed>__<unix_time>/)
   args.json, eval.csv (step, mean, std, episodes, normalized_score) where step counts SGD
   updates, tensorboard events (losses/bc_loss, eval/episodic_return(_std), eval/normalized_score,
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction),
   checkpoint.npz (atomic) and model.npz (parameters and observation statistics): arrays and
-  JSON, read without pickle.
+  JSON, read without pickle; curve.png (eval returns and training loss, with matplotlib), videos/
+  (--capture-video), wandb/ (--track).
+  Console: one refreshing progress line on a terminal, a plain line every --log-every otherwise.
 """
 
 from __future__ import annotations
@@ -67,13 +70,16 @@ import csv
 import dataclasses
 import functools
 import hashlib
+import importlib
 import json
 import queue
+import re
 import signal
 import sys
 import threading
 import time
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, List, Literal, NamedTuple, Optional, Tuple
 
@@ -150,6 +156,14 @@ class Args:
     """SGD steps between tensorboard scalars and console lines"""
     run_dir: Optional[str] = None
     """output folder; default runs/<env_id>__bc_offline__<seed>__<unix_time>"""
+    capture_video: bool = False
+    """film the first episode of each evaluation to RUN_DIR/videos/*.mp4 (needs moviepy)"""
+    track: bool = False
+    """log the scalars, flags and videos of a training run to Weights & Biases too (needs wandb)"""
+    wandb_project_name: str = "jax-offpolicy-rl"
+    """W&B project for --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team or user for --track (None: wandb's default entity)"""
     resume: Optional[str] = None
     """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
     here override it; a larger --total-updates re-stretches the lr and beta schedules)"""
@@ -171,7 +185,10 @@ class Diverged(RunFailed):
     """The learner produced a non-finite loss or parameters: one line, naming the SGD step."""
 
 
-def check_args(args: Args) -> None:
+def check_args(args: Args, packages: bool = True) -> None:
+    """One ConfigError for the first bad flag. packages=False skips the optional packages of
+    --capture-video and --track: flags read from a file need them only where this process acts on
+    them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
     positive = ("total_updates", "batch_size", "updates_per_call", "prefetch_size", "eval_every",
                 "eval_episodes", "log_every", "learning_rate", "per_eps")
     for name in positive:
@@ -193,6 +210,18 @@ def check_args(args: Args) -> None:
         raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
+    if packages and args.capture_video and not importable("moviepy"):
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy (its imageio-ffmpeg wheel ships ffmpeg)")
+    if packages and args.track and not importable("wandb"):
+        raise ConfigError("--track needs wandb: pip install wandb")
+
+
+def importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,11 +515,13 @@ def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
 # Environment
 # ---------------------------------------------------------------------------------------------
 
-def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env for evaluation, with the autoreset mode set explicitly."""
+def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
+    """A synchronous vector env for evaluation, with the autoreset mode set explicitly; with
+    video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode)."""
+    wrappers, kwargs = ([film_first_episode(*video)], {"render_mode": "rgb_array"}) if video is not None else ([], {})
     try:
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     except ImportError as e:
@@ -501,6 +532,35 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
         envs.close()
         raise ConfigError(f"{env_id} has action space {space}; BC here handles Discrete and bounded Box actions")
     return envs
+
+
+def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]:
+    """A make_vec wrapper that films the first episode of the first sub-env it wraps (make_vec
+    builds sub-env 0 first) with gymnasium's RecordVideo, into video_file((folder, prefix)); the
+    env must render rgb_array frames. RecordVideo films the reset frame and one frame per step."""
+    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+        # Headless: MuJoCo needs EGL (glfw and osmesa failed without a display), and pygame's
+        # renderers open an SDL display even for rgb_array (SDL prints an error line without one).
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    filmed = []
+
+    def wrap(env: gym.Env) -> gym.Env:
+        if filmed:
+            return env
+        filmed.append(True)
+        with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return gym.wrappers.RecordVideo(env, folder, episode_trigger=lambda episode: episode == 0,
+                                            name_prefix=prefix)
+
+    return wrap
+
+
+def video_file(video: Tuple[str, str]) -> str:
+    """The file RecordVideo writes for episode 0 of film_first_episode(folder, prefix)."""
+    folder, prefix = video
+    return os.path.join(folder, f"{prefix}-episode-0.mp4")
 
 
 def check_dataset_matches_env(ds: Dataset, envs: gym.vector.VectorEnv, where: str) -> None:
@@ -823,10 +883,12 @@ def make_act(policy: Policy, mode: str):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def evaluate(act, params, stats: ObsStats, env_id: str, episodes: int, seed: int) -> np.ndarray:
+def evaluate(act, params, stats: ObsStats, env_id: str, episodes: int, seed: int,
+             video: Optional[Tuple[str, str]] = None) -> np.ndarray:
     """Returns of `episodes` deterministic episodes run as parallel envs (each contributes its
-    first episode), with the same seeds every time."""
-    envs = make_env(env_id, episodes)
+    first episode), with the same seeds every time; with video = (folder, prefix) the first
+    episode is filmed to video_file(video)."""
+    envs = make_env(env_id, episodes, video)
     try:
         space = envs.single_action_space
         discrete = isinstance(space, gym.spaces.Discrete)
@@ -996,19 +1058,33 @@ def args_from_json(saved, path: str) -> Args:
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
         raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
-    check_args(args)
+    check_args(args, packages=False)
     return args
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
+    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
+    with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
 
-    def __init__(self, run_dir: str, keep_until: Optional[int] = None):
+    def __init__(self, run_dir: str, keep_until: Optional[int] = None, args: Optional[Args] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._writer = EventFileWriter(run_dir)
+        self._wandb = self._run = None
+        if args is not None and args.track:
+            import wandb  # optional: imported only with --track
+
+            name = os.path.basename(os.path.abspath(run_dir))
+            try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
+                self._wandb, self._run = wandb, wandb.init(
+                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
+                    name=name, dir=run_dir, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], resume="allow")
+            except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
+                raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
+            self._run.define_metric("global_step")
+            self._run.define_metric("*", step_metric="global_step")
         self._eval_csv = os.path.join(run_dir, "eval.csv")
         if keep_until is not None and os.path.exists(self._eval_csv):
             # Evaluations logged after the checkpoint belong to steps that are about to be done
@@ -1024,8 +1100,10 @@ class Logger:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
                                        for k, v in values.items()])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+        if self._run is not None:
+            self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray, score: float) -> None:
+    def eval(self, step: int, returns: np.ndarray, score: float, video: Optional[Tuple[str, str]] = None) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(),
                             "eval/episodic_return_std": returns.std(), "eval/normalized_score": score})
         new = not os.path.exists(self._eval_csv)
@@ -1034,9 +1112,95 @@ class Logger:
             if new:
                 writer.writerow(["step", "mean", "std", "episodes", "normalized_score"])
             writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns), f"{score:.2f}"])
+        if self._run is not None and video is not None and os.path.isfile(video_file(video)):
+            self._run.log({"videos/eval": self._wandb.Video(video_file(video), format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
         self._writer.close()
+        if self._run is not None:
+            self._run.finish()
+
+
+class Console:
+    """The progress line. On a terminal, one line rewritten in place at every log tick: updates
+    done / total, updates/s, the script's fields (last eval, loss) and the time left at the rate
+    since the loop started in this process. Elsewhere (a log file, CI) the plain line, exactly as
+    and when the caller passes it. end() closes the refreshing line before anything else prints."""
+
+    # A few lines rather than tqdm or rich: the line carries this script's own fields (last eval,
+    # loss), the plain mode of logs must stay as it was, and a library would be a dependency for
+    # one line.
+
+    def __init__(self, total: int, done: int, unit: str):
+        self.total, self.unit, self.tty = total, unit, sys.stdout.isatty()
+        self.started, self.done_at_start = time.perf_counter(), done
+        self.open = False
+
+    def update(self, done: int, rate: float, fields: str, plain: Optional[str]) -> None:
+        if not self.tty:
+            if plain is not None:
+                print(plain, flush=True)
+            return
+        speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
+        left = round((self.total - done) / speed) if speed > 0 else None
+        eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
+        sys.stdout.write(f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
+                         f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K")
+        sys.stdout.flush()
+        self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.open = False
+
+
+def write_curve(run_dir: str) -> Optional[str]:
+    """RUN_DIR/curve.png (written atomically): the evaluation returns over SGD updates from eval.csv
+    (mean, and a band of one std over the episodes) beside the training loss read back from the
+    run's tensorboard events. None, quietly, without matplotlib (an optional package)."""
+    try:
+        import matplotlib  # noqa: F401  (first, so that a missing matplotlib is an ImportError here)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    train_tag, x_label = "losses/bc_loss", "SGD updates"
+    with open(os.path.join(run_dir, "eval.csv"), newline="") as f:
+        rows = sorted((int(r["step"]), float(r["mean"]), float(r["std"])) for r in csv.DictReader(f))
+    train = []
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("events.out.tfevents."):
+            for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
+                train += [(event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag]
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
+    left, right = fig.subplots(1, 2)
+    if rows:
+        steps, mean, std = (np.array(column) for column in zip(*rows))
+        left.plot(steps, mean, marker="o")
+        left.fill_between(steps, mean - std, mean + std, alpha=0.25)
+    left.set(title="evaluation return (mean, band of one std)", xlabel=x_label, ylabel="return")
+    if train:
+        steps, values = zip(*sorted(train))
+        right.plot(steps, values, linewidth=0.8)
+    right.set(title=f"training loss ({train_tag})", xlabel=x_label)
+    fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
+    path = os.path.join(run_dir, "curve.png")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the run itself is finished and saved, so only say so
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        print(f"{SCRIPT}.py: could not write {path} ({e.strerror or e})", file=sys.stderr)
+        return None
+    return path
 
 
 def given_flags(argv) -> frozenset:
@@ -1175,8 +1339,10 @@ def run_eval_only(args: Args) -> np.ndarray:
             meta["out_dim"] != (int(space.n) if discrete else space.shape[0]):
         raise ConfigError(f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
                           f"{meta['env_id']} has observations {obs_shape} and actions {space}")
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
     returns = evaluate(make_act(policy, meta["mode"]), params, stats, meta["env_id"],
-                       args.eval_episodes, args.seed + 10_000)
+                       args.eval_episodes, args.seed + 10_000, video)
     score = normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
     print(f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
           f"episodes, normalised score {score:.1f}")
@@ -1238,7 +1404,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     # evaluation is done again, so its row goes too).
     resumed_at = int(state.sgd_steps)
     keep_until = resumed_at if resumed_at < args.total_updates else resumed_at - 1
-    logger = Logger(run_dir, keep_until if args.resume else None)
+    logger = Logger(run_dir, keep_until if args.resume else None, args)
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": env_id,
             "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
     stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
@@ -1249,11 +1415,14 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                         {**tree_arrays("train_state/", state), **stats_arrays, "priority": replay.priority.copy(),
                          "max_priority": np.asarray(replay.max_priority(), np.float64)})
 
-    def run_eval(step):
-        returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
+    def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
+        return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
+
+    def run_eval(step, video):
+        returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000, video)
         score = normalized_score(returns, ref_min, ref_max)
-        logger.eval(step, returns, score)
-        return f"{returns.mean():.1f} (score {score:.1f})"
+        logger.eval(step, returns, score, video)
+        return returns, score
 
     updates = int(state.sgd_steps)
     # beta before the prefetch thread starts: its first draws happen before the loop sets it.
@@ -1263,6 +1432,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
     last_eval, metrics = "-", {}
+    console = Console(args.total_updates, updates, "updates")
     stop = StopRequest()
     try:
         with stop:
@@ -1281,7 +1451,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                 window["learn"] += time.perf_counter() - t0
                 before, updates = updates, updates + steps
                 if updates // args.eval_every > before // args.eval_every and updates < args.total_updates:
-                    last_eval = run_eval(updates)
+                    returns, score = run_eval(updates, film(f"eval-update-{updates}"))
+                    last_eval = f"{returns.mean():.1f} (score {score:.1f})"
                 if updates // args.log_every > before // args.log_every:
                     now = time.perf_counter()
                     scalars = {"perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
@@ -1289,12 +1460,14 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                                "replay/beta": replay.beta, "replay/priority_max": replay.max_priority(),
                                **{k: float(v) for k, v in metrics.items()}}
                     logger.scalars(updates, scalars)
-                    print(f"update {updates:>7d}  updates/s {scalars['perf/updates_per_second']:7.0f}  "
-                          f"loss {scalars['losses/bc_loss']:.4f}  eval {last_eval}", flush=True)
+                    fields = f"loss {scalars['losses/bc_loss']:.4f}  eval {last_eval}"
+                    console.update(updates, scalars["perf/updates_per_second"], fields,
+                                   f"update {updates:>7d}  updates/s {scalars['perf/updates_per_second']:7.0f}  {fields}")
                     window.update(time=now, updates=updates, wait=0.0, learn=0.0)
                 if args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every:
                     checkpoint()
     finally:
+        console.end()
         prefetcher.close()
         writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
     checkpoint()
@@ -1304,10 +1477,9 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         return {"run_dir": run_dir, "updates": updates, "signal": stop.signum}
     save_npz_atomic(os.path.join(run_dir, "model.npz"), {**meta, "kind": "model"},
                     {**tree_arrays("params/", state.params), **stats_arrays})
-    returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000)
-    score = normalized_score(returns, ref_min, ref_max)
-    logger.eval(updates, returns, score)
+    returns, score = run_eval(updates, film(f"final-update-{updates}"))
     logger.close()
+    write_curve(run_dir)
     print(f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
           f"normalised score {score:.1f}; run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "updates": updates, "eval_mean": float(returns.mean()), "score": score}

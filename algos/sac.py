@@ -51,6 +51,7 @@ Run
   python algos/sac.py --resume runs/<run>                   # continue an interrupted run
   python algos/sac.py --eval-only --load runs/<run>/model.npz
   python algos/sac.py --save-dataset data/pendulum.hdf5 --dataset-noise 0.3   # data for BC
+  python algos/sac.py --capture-video --track               # eval videos, Weights & Biases (optional packages)
   python algos/sac.py --help                                # every flag
 
 Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
@@ -59,7 +60,9 @@ Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
   losses/actor_loss, losses/alpha, losses/alpha_loss, losses/entropy, eval/episodic_return(_std),
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
   checkpoint.npz (latest, written atomically) and model.npz (final actor): arrays and JSON,
-  read without pickle.
+  read without pickle; curve.png (eval and training returns, with matplotlib), videos/
+  (--capture-video), wandb/ (--track).
+  Console: one refreshing progress line on a terminal, a plain line every 10 --log-every otherwise.
 """
 
 from __future__ import annotations
@@ -73,13 +76,16 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import csv
 import dataclasses
 import functools
+import importlib
 import json
 import queue
+import re
 import signal
 import sys
 import threading
 import time
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
 
@@ -174,6 +180,14 @@ class Args:
     """environment steps between tensorboard scalars; the console line is every 10 of these"""
     run_dir: Optional[str] = None
     """output folder; default runs/<env_id>__sac__<seed>__<unix_time>"""
+    capture_video: bool = False
+    """film the first episode of each evaluation to RUN_DIR/videos/*.mp4 (needs moviepy)"""
+    track: bool = False
+    """log the scalars, flags and videos of a training run to Weights & Biases too (needs wandb)"""
+    wandb_project_name: str = "jax-offpolicy-rl"
+    """W&B project for --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team or user for --track (None: wandb's default entity)"""
     resume: Optional[str] = None
     """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
     here override it; a larger --total-timesteps re-stretches the schedules, see README)"""
@@ -203,7 +217,10 @@ class Diverged(RunFailed):
     """The learner produced a non-finite TD error or parameters: one line, naming the SGD step."""
 
 
-def check_args(args: Args) -> None:
+def check_args(args: Args, packages: bool = True) -> None:
+    """One ConfigError for the first bad flag. packages=False skips the optional packages of
+    --capture-video and --track: flags read from a file need them only where this process acts on
+    them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
                 "target_network_frequency", "policy_frequency", "train_frequency",
                 "updates_per_call", "prefetch_size", "eval_every", "eval_episodes", "log_every",
@@ -234,22 +251,36 @@ def check_args(args: Args) -> None:
         raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
+    if packages and args.capture_video and not importable("moviepy"):
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy (its imageio-ffmpeg wheel ships ffmpeg)")
+    if packages and args.track and not importable("wandb"):
+        raise ConfigError("--track needs wandb: pip install wandb")
+
+
+def importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
 
-def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env in SAME_STEP autoreset mode, checked for what SAC can handle.
+def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
+    """A synchronous vector env in SAME_STEP autoreset mode, checked for what SAC can handle;
+    with video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode).
 
     SAME_STEP: the step that ends an episode returns the first observation of the next one and
     puts the real last observation in info["final_obs"]. The default (NEXT_STEP) would instead
     spend one extra step per episode on a reset whose transition must be thrown away.
     """
+    wrappers, kwargs = ([film_first_episode(*video)], {"render_mode": "rgb_array"}) if video is not None else ([], {})
     try:
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     except ImportError as e:
@@ -268,6 +299,35 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
         envs.close()
         raise ConfigError(problem)
     return envs
+
+
+def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]:
+    """A make_vec wrapper that films the first episode of the first sub-env it wraps (make_vec
+    builds sub-env 0 first) with gymnasium's RecordVideo, into video_file((folder, prefix)); the
+    env must render rgb_array frames. RecordVideo films the reset frame and one frame per step."""
+    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+        # Headless: MuJoCo needs EGL (glfw and osmesa failed without a display), and pygame's
+        # renderers open an SDL display even for rgb_array (SDL prints an error line without one).
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    filmed = []
+
+    def wrap(env: gym.Env) -> gym.Env:
+        if filmed:
+            return env
+        filmed.append(True)
+        with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return gym.wrappers.RecordVideo(env, folder, episode_trigger=lambda episode: episode == 0,
+                                            name_prefix=prefix)
+
+    return wrap
+
+
+def video_file(video: Tuple[str, str]) -> str:
+    """The file RecordVideo writes for episode 0 of film_first_episode(folder, prefix)."""
+    folder, prefix = video
+    return os.path.join(folder, f"{prefix}-episode-0.mp4")
 
 
 def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
@@ -846,13 +906,14 @@ def make_act(actor: Actor):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0.0,
-            random: bool = False, record: bool = False) -> Tuple[np.ndarray, Optional[dict]]:
+def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0.0, random: bool = False,
+            record: bool = False, video: Optional[Tuple[str, str]] = None) -> Tuple[np.ndarray, Optional[dict]]:
     """Returns of `episodes` episodes run as parallel envs (each contributes its first episode)
     with the deterministic policy tanh(mean) (plus N(0, noise^2) clipped to [-1, 1]), or with
     uniformly random actions; with record=True also their transitions in D4RL's flat layout
-    (actions in env units), episode after episode. The same seeds every time."""
-    envs = make_env(env_id, episodes)
+    (actions in env units), episode after episode; with video = (folder, prefix) the first
+    episode is filmed to video_file(video). The same seeds every time."""
+    envs = make_env(env_id, episodes, video)
     try:
         low, high = envs.single_action_space.low, envs.single_action_space.high
         obs = seed_envs(envs, seed)
@@ -886,8 +947,8 @@ def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0
         envs.close()
 
 
-def evaluate(act, params, env_id: str, episodes: int, seed: int) -> np.ndarray:
-    return rollout(act, params, env_id, episodes, seed)[0]
+def evaluate(act, params, env_id: str, episodes: int, seed: int, video: Optional[Tuple[str, str]] = None) -> np.ndarray:
+    return rollout(act, params, env_id, episodes, seed, video=video)[0]
 
 
 def save_dataset(path: str, act, params, args: Args) -> dict:
@@ -1061,19 +1122,33 @@ def args_from_json(saved, path: str) -> Args:
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
         raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
-    check_args(args)
+    check_args(args, packages=False)
     return args
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow)."""
+    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
+    with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
 
-    def __init__(self, run_dir: str, keep_until: Optional[int] = None):
+    def __init__(self, run_dir: str, keep_until: Optional[int] = None, args: Optional[Args] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._writer = EventFileWriter(run_dir)
+        self._wandb = self._run = None
+        if args is not None and args.track:
+            import wandb  # optional: imported only with --track
+
+            name = os.path.basename(os.path.abspath(run_dir))
+            try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
+                self._wandb, self._run = wandb, wandb.init(
+                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
+                    name=name, dir=run_dir, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], resume="allow")
+            except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
+                raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
+            self._run.define_metric("global_step")
+            self._run.define_metric("*", step_metric="global_step")
         self._eval_csv = os.path.join(run_dir, "eval.csv")
         if keep_until is not None and os.path.exists(self._eval_csv):
             # Evaluations logged after the checkpoint belong to steps that are about to be done
@@ -1089,8 +1164,10 @@ class Logger:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
                                        for k, v in values.items()])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+        if self._run is not None:
+            self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray) -> None:
+    def eval(self, step: int, returns: np.ndarray, video: Optional[Tuple[str, str]] = None) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(),
                             "eval/episodic_return_std": returns.std()})
         new = not os.path.exists(self._eval_csv)
@@ -1099,9 +1176,95 @@ class Logger:
             if new:
                 writer.writerow(["step", "mean", "std", "episodes"])
             writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
+        if self._run is not None and video is not None and os.path.isfile(video_file(video)):
+            self._run.log({"videos/eval": self._wandb.Video(video_file(video), format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
         self._writer.close()
+        if self._run is not None:
+            self._run.finish()
+
+
+class Console:
+    """The progress line. On a terminal, one line rewritten in place at every log tick: steps
+    done / total, env steps/s, the script's fields (last eval, loss) and the time left at the rate
+    since the loop started in this process. Elsewhere (a log file, CI) the plain line, exactly as
+    and when the caller passes it. end() closes the refreshing line before anything else prints."""
+
+    # A few lines rather than tqdm or rich: the line carries this script's own fields (last eval,
+    # loss), the plain mode of logs must stay as it was, and a library would be a dependency for
+    # one line.
+
+    def __init__(self, total: int, done: int, unit: str):
+        self.total, self.unit, self.tty = total, unit, sys.stdout.isatty()
+        self.started, self.done_at_start = time.perf_counter(), done
+        self.open = False
+
+    def update(self, done: int, rate: float, fields: str, plain: Optional[str]) -> None:
+        if not self.tty:
+            if plain is not None:
+                print(plain, flush=True)
+            return
+        speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
+        left = round((self.total - done) / speed) if speed > 0 else None
+        eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
+        sys.stdout.write(f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
+                         f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K")
+        sys.stdout.flush()
+        self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.open = False
+
+
+def write_curve(run_dir: str) -> Optional[str]:
+    """RUN_DIR/curve.png (written atomically): the evaluation returns over env steps from eval.csv
+    (mean, and a band of one std over the episodes) beside the training episodes' returns read back
+    from the run's tensorboard events. None, quietly, without matplotlib (an optional package)."""
+    try:
+        import matplotlib  # noqa: F401  (first, so that a missing matplotlib is an ImportError here)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    train_tag, x_label = "charts/episodic_return", "env steps"
+    with open(os.path.join(run_dir, "eval.csv"), newline="") as f:
+        rows = sorted((int(r["step"]), float(r["mean"]), float(r["std"])) for r in csv.DictReader(f))
+    train = []
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("events.out.tfevents."):
+            for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
+                train += [(event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag]
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
+    left, right = fig.subplots(1, 2)
+    if rows:
+        steps, mean, std = (np.array(column) for column in zip(*rows))
+        left.plot(steps, mean, marker="o")
+        left.fill_between(steps, mean - std, mean + std, alpha=0.25)
+    left.set(title="evaluation return (mean, band of one std)", xlabel=x_label, ylabel="return")
+    if train:
+        steps, values = zip(*sorted(train))
+        right.plot(steps, values, linewidth=0.8)
+    right.set(title=f"training episodes ({train_tag})", xlabel=x_label)
+    fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
+    path = os.path.join(run_dir, "curve.png")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the run itself is finished and saved, so only say so
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        print(f"{SCRIPT}.py: could not write {path} ({e.strerror or e})", file=sys.stderr)
+        return None
+    return path
 
 
 def given_flags(argv) -> frozenset:
@@ -1190,7 +1353,8 @@ def run_eval_only(args: Args) -> np.ndarray:
     prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
     params = restore_tree(template, {k: v for k, v in arrays.items() if k.startswith(prefix)}, prefix, path)
     act = make_act(actor)
-    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000)
+    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
+    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000, video)
     print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
     if args.save_dataset:
         save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
@@ -1256,7 +1420,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     # evaluation is done again, so its row goes too).
     resumed_at = global_step
     keep_until = resumed_at if resumed_at < args.total_timesteps else resumed_at - 1
-    logger = Logger(run_dir, keep_until if args.resume else None)
+    logger = Logger(run_dir, keep_until if args.resume else None, args)
     ckpt_path, model_path = os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "model.npz")
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
 
@@ -1267,6 +1431,9 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
             arrays.update(replay.state_dict())
         save_npz_atomic(ckpt_path, {**meta, "kind": "checkpoint", "global_step": global_step,
                                     "episodes": episodes}, arrays)
+
+    def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
+        return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
 
     # The envs restart on resume (their state is not checkpointed); the seed moves with the step
     # so that a resumed run does not replay the episodes it began with.
@@ -1281,6 +1448,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     next_ckpt = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
     next_log = (global_step // args.log_every + 1) * args.log_every
     last_eval = None
+    console = Console(args.total_timesteps, global_step, "steps")
     stop = StopRequest()
     try:
         with stop:
@@ -1334,22 +1502,25 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                         scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
                     scalars.update({k: float(v) for k, v in metrics.items()})
                     logger.scalars(global_step, scalars)
-                    if global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps:
-                        print(f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  "
-                              f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
+                    fields = (f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
                               f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
-                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}",
-                              flush=True)
+                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}")
+                    plain = global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps
+                    console.update(global_step, scalars["charts/SPS"], fields,
+                                   f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}" if plain else None)
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
-                    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
-                    logger.eval(global_step, returns)
+                    video = film(f"eval-step-{global_step}")
+                    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000,
+                                       video)
+                    logger.eval(global_step, returns, video)
                     last_eval = f"{returns.mean():.1f}"
                 if next_ckpt is not None and global_step >= next_ckpt:
                     next_ckpt += args.checkpoint_every
                     checkpoint()
     finally:
+        console.end()
         if prefetcher is not None:
             prefetcher.close()
         writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
@@ -1362,9 +1533,11 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
 
     save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
-    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000)
-    logger.eval(global_step, returns)
+    video = film(f"final-step-{global_step}")
+    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
+    logger.eval(global_step, returns, video)
     logger.close()
+    write_curve(run_dir)
     if args.save_dataset:
         save_dataset(args.save_dataset, act, state.actor_params, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "

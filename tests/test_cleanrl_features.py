@@ -1,0 +1,217 @@
+"""What CleanRL users reach for: --capture-video, --track (Weights & Biases), the progress line
+and curve.png, in all three scripts."""
+
+import csv
+import functools
+import glob
+import io
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import imageio.v3 as iio
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import ROOT, load_script
+
+dqn = load_script("dqn_prioritized")
+sac = load_script("sac")
+bc = load_script("bc_offline")
+
+# The FAST flags of tests/test_dqn_run.py, test_sac.py and test_bc.py, and a length that gives
+# one evaluation inside the loop plus the final one.
+RUNS = {
+    "dqn": (dqn, ["--hidden-sizes", "32", "32", "--learning-starts", "200", "--batch-size", "32",
+                  "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
+                  "--eval-every", "1000", "--log-every", "500", "--total-timesteps", "2000"],
+            ["eval-step-1000-episode-0.mp4", "final-step-2000-episode-0.mp4"], "final eval at step"),
+    "sac": (sac, ["--hidden-sizes", "32", "32", "--learning-starts", "256", "--batch-size", "64",
+                  "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
+                  "--eval-every", "500", "--log-every", "250", "--total-timesteps", "600"],
+            ["eval-step-500-episode-0.mp4", "final-step-600-episode-0.mp4"], "final eval at step"),
+    "bc": (bc, ["--hidden-sizes", "32", "32", "--batch-size", "64", "--updates-per-call", "10",
+                "--eval-episodes", "2", "--eval-every", "100", "--log-every", "100", "--total-updates", "200"],
+           ["eval-update-100-episode-0.mp4", "final-update-200-episode-0.mp4"], "final eval after"),
+}
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def video_frames(path):
+    return list(iio.imiter(path, plugin="FFMPEG"))
+
+
+def read_eval(run_dir):
+    with open(os.path.join(run_dir, "eval.csv"), newline="") as f:
+        return {int(r["step"]): float(r["mean"]) for r in csv.DictReader(f)}
+
+
+def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
+    """RecordVideo films the reset frame and one frame per step of the first episode of sub-env 0;
+    CartPole's return is its length. (Uniformly random actions: a 19-step episode. moviepy 2.x
+    drops the last frame of a clip where n times 1/fps sums to under n/fps, Zulko/moviepy#2507:
+    at CartPole's 50 fps for 11-14 frames and most counts from 207 on, not for 20.)"""
+    net = dqn.QNetwork(2, (32, 32))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    folder = str(tmp_path / "videos")
+    env_fn = functools.partial(dqn.make_env, "CartPole-v1")
+    returns = dqn.evaluate(dqn.make_act(net.apply, 2), params, env_fn, 2, 1.0, 2, video=(folder, "eval-step-7"))
+    assert os.listdir(folder) == ["eval-step-7-episode-0.mp4"]  # one episode of one sub-env
+    frames = video_frames(os.path.join(folder, "eval-step-7-episode-0.mp4"))
+    assert returns[0] == 19 and len(frames) == returns[0] + 1
+    assert frames[0].shape == (400, 600, 3)  # CartPole's render size
+    assert 0 < frames[0].mean() < 255  # a picture, not a blank frame
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, monkeypatch):
+    module, fast, videos, final = RUNS[name]
+    run_dir = str(tmp_path / "run")
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
+    monkeypatch.undo()
+    # One video per evaluation plus the final one, each a readable MP4 of the env's frames.
+    assert sorted(os.listdir(os.path.join(run_dir, "videos"))) == videos
+    for video in videos:
+        frames = video_frames(os.path.join(run_dir, "videos", video))
+        assert len(frames) > 10 and frames[0].shape == ((400, 600, 3) if name == "dqn" else (500, 500, 3))  # CartPole, Pendulum
+    # The progress line rewrites itself in place, and is ended before the final message.
+    out = terminal.getvalue()
+    assert "\r" in out and "\x1b[K" in out and " left" in out
+    assert re.search(r"\r[^\n]* left\x1b\[K\n" + final, out), out
+    # curve.png is an image.
+    import matplotlib.image
+
+    picture = matplotlib.image.imread(os.path.join(run_dir, "curve.png"))
+    assert picture.ndim == 3 and picture.shape[0] > 100 and picture.shape[1] > 100
+
+
+def test_plain_log_no_curve_without_matplotlib_and_eval_only_video(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    module, fast, _, _ = RUNS["dqn"]
+    run_dir = str(tmp_path / "run")
+    assert module.cli(fast + ["--run-dir", run_dir]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\x1b" not in out
+    assert re.search(r"^step     2000  SPS +\d+  eps 0\.050  loss \S+  episodes \d+  eval \S+$", out, re.M), out
+    assert os.path.isfile(os.path.join(run_dir, "model.npz"))
+    assert module.write_curve(run_dir) is None  # what the run called: skipped quietly
+    assert not os.path.exists(os.path.join(run_dir, "curve.png"))
+    assert not glob.glob(os.path.join(run_dir, "*.tmp.*"))
+    # --eval-only films into the folder of --load.
+    assert module.cli(["--eval-only", "--load", os.path.join(run_dir, "model.npz"), "--eval-episodes", "2",
+                       "--capture-video"]) == 0
+    assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-model-episode-0.mp4"]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("flag,package", [("--capture-video", "moviepy"), ("--track", "wandb")])
+def test_a_missing_optional_package_is_one_line_before_training(name, flag, package, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, package, None)
+    module, fast, _, _ = RUNS[name]
+    run_dir = tmp_path / "run"
+    assert module.cli(fast + [flag, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"pip install {package}" in err and flag in err, err
+    assert not run_dir.exists()  # refused before anything ran
+    # A saved run's flags (a model for --eval-only) do not ask for the package.
+    module.args_from_json({"capture_video": True, "track": True}, "model.npz")
+
+
+def test_track_without_a_wandb_login_is_one_line(tmp_path):
+    """Online mode without an API key: wandb's own error, in one line (a new process, so that no
+    wandb state of another test is reused)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env.update(HOME=str(tmp_path), WANDB_MODE="online", WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    _, fast, _, _ = RUNS["dqn"]
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py")] + fast
+                         + ["--track", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                         env=env, stdin=subprocess.DEVNULL, timeout=300)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "--track:" in err and "API key" in err and "WANDB_MODE=offline" in err, err
+    assert not os.path.exists(tmp_path / "run" / "model.npz")
+
+
+def wandb_records(path):
+    """The records of an offline run's .wandb file, parsed with wandb's own protobuf. The file is
+    LevelDB's log format (a 7-byte ':W&B' header, then 32 KiB blocks of chunks, each with a
+    7-byte header: crc32, length, type 1 full / 2 first / 3 middle / 4 last); wandb 0.31 ships no
+    Python reader for it (the old wandb.sdk.internal.datastore is gone), so the framing is read here."""
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    ident, _, version = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B" and version == 0
+    block, pos, records, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding up to the end of the block
+            pos += block - pos % block
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_path, monkeypatch):
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "wandb"),
+                        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+                        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+                        "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}.items():
+        monkeypatch.setenv(name, value)
+    module, fast, _, _ = RUNS["dqn"]
+    run_dir = str(tmp_path / "CartPole-v1__dqn__1__123")
+    assert module.cli(fast + ["--track", "--capture-video", "--wandb-project-name", "test-project",
+                              "--run-dir", run_dir]) == 0
+    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(files) == 1, os.listdir(run_dir)
+    history, config, run_ids = [], {}, []
+    for record in wandb_records(files[0]):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            row = {}
+            for item in record.history.item:  # a media value comes as nested keys: ("videos/eval", "path"), ...
+                keys = [item.key] if item.key else list(item.nested_key)
+                functools.reduce(lambda d, k: d.setdefault(k, {}), keys[:-1], row)[keys[-1]] = json.loads(item.value_json)
+            history.append(row)
+        elif kind in ("run", "config"):
+            updates = record.run.config.update if kind == "run" else record.config.update
+            config.update({item.key: json.loads(item.value_json) for item in updates})
+            if kind == "run":
+                run_ids.append(record.run.run_id)
+    assert run_ids and set(run_ids) == {"CartPole-v1__dqn__1__123"}  # the run folder's name
+    # The flags are the run's config.
+    for flag, value in {"env_id": "CartPole-v1", "total_timesteps": 2000, "track": True, "capture_video": True,
+                        "wandb_project_name": "test-project", "hidden_sizes": [32, 32]}.items():
+        assert config[flag] == value or config[flag] == {"value": value}, (flag, config[flag])
+    # The evaluations logged are eval.csv's, at the same global steps.
+    logged = {row["global_step"]: row["eval/episodic_return"] for row in history if "eval/episodic_return" in row}
+    expected = read_eval(run_dir)
+    assert sorted(logged) == sorted(expected) == [1000, 2000]
+    for step, mean in expected.items():
+        assert logged[step] == pytest.approx(mean, abs=1e-4)
+    # The training scalars too, and one video per evaluation.
+    assert any("charts/episodic_return" in row for row in history)
+    assert any("losses/td_loss" in row for row in history)
+    videos = {row["global_step"]: row["videos/eval"] for row in history if "videos/eval" in row}
+    assert sorted(videos) == [1000, 2000] and all(v["_type"] == "video-file" for v in videos.values())
+    for video in videos.values():  # the MP4 itself, copied into the W&B run's files
+        assert os.path.getsize(os.path.join(os.path.dirname(files[0]), "files", video["path"])) == video["size"] > 0
