@@ -1176,7 +1176,8 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag]
+                train += [(event.step, make_ndarray(v.tensor).item())
+                          for v in event.summary.value if v.tag == train_tag]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1461,8 +1462,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                                **{k: float(v) for k, v in metrics.items()}}
                     logger.scalars(updates, scalars)
                     fields = f"loss {scalars['losses/bc_loss']:.4f}  eval {last_eval}"
-                    console.update(updates, scalars["perf/updates_per_second"], fields,
-                                   f"update {updates:>7d}  updates/s {scalars['perf/updates_per_second']:7.0f}  {fields}")
+                    rate = scalars["perf/updates_per_second"]
+                    console.update(updates, rate, fields, f"update {updates:>7d}  updates/s {rate:7.0f}  {fields}")
                     window.update(time=now, updates=updates, wait=0.0, learn=0.0)
                 if args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every:
                     checkpoint()

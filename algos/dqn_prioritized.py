@@ -1041,8 +1041,8 @@ def make_act(q_apply, num_actions: int):
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: int, epsilon: float,
-            seed: int, record: bool = False, video: Optional[Tuple[str, str]] = None) -> Tuple[np.ndarray, Optional[dict]]:
+def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: int, epsilon: float, seed: int,
+            record: bool = False, video: Optional[Tuple[str, str]] = None) -> Tuple[np.ndarray, Optional[dict]]:
     """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode),
     and with record=True their transitions in D4RL's flat layout, episode after episode; with
     video = (folder, prefix) the first episode is filmed to video_file(video).
@@ -1370,7 +1370,8 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag]
+                train += [(event.step, make_ndarray(v.tensor).item())
+                          for v in event.summary.value if v.tag == train_tag]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1651,8 +1652,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                     fields = (f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
                               f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}")
                     plain = global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps
-                    console.update(global_step, scalars["charts/SPS"], fields,
-                                   f"step {global_step:>8d}  SPS {scalars['charts/SPS']:7.0f}  {fields}" if plain else None)
+                    line = f"step {global_step:>8d}  SPS {scalars['charts/SPS']:7.0f}  {fields}"
+                    console.update(global_step, scalars["charts/SPS"], fields, line if plain else None)
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every

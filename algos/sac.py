@@ -1240,7 +1240,8 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag]
+                train += [(event.step, make_ndarray(v.tensor).item())
+                          for v in event.summary.value if v.tag == train_tag]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1506,8 +1507,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                               f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
                               f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}")
                     plain = global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps
-                    console.update(global_step, scalars["charts/SPS"], fields,
-                                   f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}" if plain else None)
+                    line = f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}"
+                    console.update(global_step, scalars["charts/SPS"], fields, line if plain else None)
                     window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every

@@ -80,9 +80,10 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     monkeypatch.undo()
     # One video per evaluation plus the final one, each a readable MP4 of the env's frames.
     assert sorted(os.listdir(os.path.join(run_dir, "videos"))) == videos
+    render_size = (400, 600, 3) if name == "dqn" else (500, 500, 3)  # CartPole, Pendulum
     for video in videos:
         frames = video_frames(os.path.join(run_dir, "videos", video))
-        assert len(frames) > 10 and frames[0].shape == ((400, 600, 3) if name == "dqn" else (500, 500, 3))  # CartPole, Pendulum
+        assert len(frames) > 10 and frames[0].shape == render_size
     # The progress line rewrites itself in place, and is ended before the final message.
     out = terminal.getvalue()
     assert "\r" in out and "\x1b[K" in out and " left" in out
@@ -190,7 +191,8 @@ def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_pat
             row = {}
             for item in record.history.item:  # a media value comes as nested keys: ("videos/eval", "path"), ...
                 keys = [item.key] if item.key else list(item.nested_key)
-                functools.reduce(lambda d, k: d.setdefault(k, {}), keys[:-1], row)[keys[-1]] = json.loads(item.value_json)
+                parent = functools.reduce(lambda d, k: d.setdefault(k, {}), keys[:-1], row)
+                parent[keys[-1]] = json.loads(item.value_json)
             history.append(row)
         elif kind in ("run", "config"):
             updates = record.run.config.update if kind == "run" else record.config.update
