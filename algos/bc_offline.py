@@ -1241,7 +1241,6 @@ def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
     # a shared run folder's args.json must not pick files to overwrite.
     local = {name: getattr(args, name) for name in ("eval_only", "load", "save_dataset") if hasattr(args, name)}
     merged = dataclasses.replace(merged, resume=args.resume, run_dir=args.resume, **local)
-    check_args(merged)  # the run's flags and the typed ones, checked together
     return merged
 
 
@@ -1325,7 +1324,7 @@ def model_from_file(path: str) -> Tuple[dict, Policy, Any, ObsStats]:
     policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
     template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
     prefix = "train_state/params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, {k: v for k, v in arrays.items() if k.startswith(prefix)}, prefix, path)
+    params = restore_tree(template, arrays, prefix, path)
     return meta, policy, params, stats
 
 
@@ -1354,7 +1353,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
     if args.resume and not args.eval_only:
-        args = resolve_args(args, given)  # checks the run's flags together with those typed here
+        args = resolve_args(args, given)  # the run's flags and those typed here, checked together below
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
     # per-step policy call of the evaluation that handoff costs more than the network.
@@ -1403,8 +1402,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                  lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
     # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
     # evaluation is done again, so its row goes too).
-    resumed_at = int(state.sgd_steps)
-    keep_until = resumed_at if resumed_at < args.total_updates else resumed_at - 1
+    updates = int(state.sgd_steps)
+    keep_until = updates if updates < args.total_updates else updates - 1
     logger = Logger(run_dir, keep_until if args.resume else None, args)
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": env_id,
             "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
@@ -1425,7 +1424,6 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         logger.eval(step, returns, score, video)
         return returns, score
 
-    updates = int(state.sgd_steps)
     # beta before the prefetch thread starts: its first draws happen before the loop sets it.
     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
     prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call),

@@ -1435,7 +1435,6 @@ def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
     # a shared run folder's args.json must not pick files to overwrite.
     local = {name: getattr(args, name) for name in ("eval_only", "load", "save_dataset") if hasattr(args, name)}
     merged = dataclasses.replace(merged, resume=args.resume, run_dir=args.resume, **local)
-    check_args(merged)  # the run's flags and the typed ones, checked together
     return merged
 
 
@@ -1482,7 +1481,7 @@ def run_eval_only(args: Args, given: Optional[frozenset] = None) -> np.ndarray:
     network = QNetwork(num_actions, saved.hidden_sizes)
     template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
     prefix = "train_state/params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, {k: v for k, v in arrays.items() if k.startswith(prefix)}, prefix, path)
+    params = restore_tree(template, arrays, prefix, path)
     act = make_act(network.apply, num_actions)
     video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
     returns = evaluate(act, params, env_fn, args.eval_episodes, epsilon, args.seed + 10_000, video)
@@ -1497,7 +1496,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
     if args.resume and not args.eval_only:
-        args = resolve_args(args, given)  # checks the run's flags together with those typed here
+        args = resolve_args(args, given)  # the run's flags and those typed here, checked together below
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the tiny
     # per-step policy call that handoff costs more than the network (about 4x here).
@@ -1552,8 +1551,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                  lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
     # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
     # evaluation is done again, so its row goes too).
-    resumed_at = global_step
-    keep_until = resumed_at if resumed_at < args.total_timesteps else resumed_at - 1
+    keep_until = global_step if global_step < args.total_timesteps else global_step - 1
     logger = Logger(run_dir, keep_until if args.resume else None, args)
     ckpt_path, model_path = os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "model.npz")
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
