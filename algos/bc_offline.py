@@ -11,7 +11,9 @@ What it implements
   * The same learner machinery as the project's online scripts: a prefetch thread that samples
     and puts batches on the device, K SGD steps fused in one jitted `lax.scan`, priorities
     written back from another thread. Each of the K minibatches of a call is its own stratified
-    draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample).
+    draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample; a
+    permutation of one K*B draw would cost less, 5.94 against 7.08 ms per call, but keep one
+    draw's strata instead of the paper's per-minibatch ones: README).
 
 Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without --prioritized)
   discrete actions:          l_i = -log softmax(f(s_i))[a_i]                      (cross-entropy)
