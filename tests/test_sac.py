@@ -247,21 +247,3 @@ def test_the_temperature_starts_at_alpha_init_or_stays_at_alpha():
     assert start(alpha_init=0.3) == pytest.approx(0.3)
     assert start(autotune=False, alpha=0.05) == pytest.approx(0.05)
 
-
-def test_learning_starts_default_is_a_tenth_of_the_budget_capped_and_written_down(tmp_path):
-    """10% of --total-timesteps, at most 10,000, at least one batch; a typed value stays; the
-    number (not None) reaches args.json, so a resumed or extended run keeps its warm-up."""
-    def starts(**kw):
-        return sac.with_learning_starts(sac.Args(**kw)).learning_starts
-    assert sac.Args().learning_starts is None
-    assert starts() == 2_000  # Pendulum-v1's 20k
-    assert starts(total_timesteps=100_000) == 10_000
-    assert starts(total_timesteps=3_000_000) == 10_000
-    assert starts(total_timesteps=600, batch_size=64) == 64
-    assert starts(total_timesteps=100_000, learning_starts=5_000) == 5_000
-    run_dir = str(tmp_path / "run")
-    flags = [f for f in FAST if f not in ("--learning-starts", "256")]
-    assert sac.cli(flags + ["--total-timesteps", "3000", "--eval-every", "3000", "--run-dir", run_dir]) == 0
-    saved = sac.read_json(os.path.join(run_dir, "args.json"))["args"]
-    assert saved["learning_starts"] == 300
-    assert sac.resolve_args(sac.Args(resume=run_dir, total_timesteps=50_000), frozenset({"total_timesteps"})).learning_starts == 300
