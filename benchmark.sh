@@ -9,7 +9,8 @@
 #             Pendulum-v1 and HalfCheetah/Hopper/Walker2d/Ant-v5 (100k steps, only --env-id set); BC on the three shipped datasets
 #             (expert Pendulum and CartPole, medium HalfCheetah); 5 seeds
 #   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
-#             HalfCheetah-v5 PER off/on; BC on the three shipped datasets PER off/on; 5 seeds
+#             HalfCheetah-v5 PER off/on (and on HalfCheetah PER with cpprb's whole-buffer IS-weight
+#             normalisation); BC on the three shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
 #             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
 #             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats
@@ -32,7 +33,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
 JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
@@ -118,6 +119,8 @@ case "$MODE" in
     seeds ablation sac-per Pendulum-v1 $SAC --prioritized
     seeds ablation sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
     seeds ablation sac-per HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized
+    seeds ablation sac-per-buffer HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized \
+      --per-weight-norm buffer
     for d in pendulum-sac-expert cartpole-dqn-expert halfcheetah-sac-medium; do
       seeds ablation bc $d $BC --dataset data/$d.hdf5
       seeds ablation bc-per $d $BC --dataset data/$d.hdf5 --prioritized
