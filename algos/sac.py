@@ -158,7 +158,7 @@ class Args:
     """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
     prioritized: bool = False
     """prioritized replay (off by default: no gain measured, level with uniform on Pendulum-v1 over
-    5 seeds and on HalfCheetah-v5 over 1; see README); --no-prioritized samples uniformly through
+    5 seeds and on HalfCheetah-v5 in 1 seed; see README); --no-prioritized samples uniformly through
     the same code (alpha = 0)"""
     per_alpha: float = 0.6
     """priority exponent alpha (0 is uniform)"""
