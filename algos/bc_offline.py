@@ -1194,14 +1194,10 @@ def write_curve(run_dir: str) -> Optional[str]:
     right.set(title=f"training loss ({train_tag})", xlabel=x_label)
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
     path = os.path.join(run_dir, "curve.png")
-    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk: the run itself is finished and saved, so only say so
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        print(f"{SCRIPT}.py: could not write {path} ({e.strerror or e})", file=sys.stderr)
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    except RunFailed as e:  # a full disk: the run itself is finished and saved, so only say so
+        print(f"{SCRIPT}.py: {e}", file=sys.stderr)
         return None
     return path
 

@@ -217,3 +217,22 @@ def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_pat
     assert sorted(videos) == [1000, 2000] and all(v["_type"] == "video-file" for v in videos.values())
     for video in videos.values():  # the MP4 itself, copied into the W&B run's files
         assert os.path.getsize(os.path.join(os.path.dirname(files[0]), "files", video["path"])) == video["size"] > 0
+
+
+@pytest.mark.parametrize("name", ["dqn", "sac", "bc"])
+def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
+    """curve.png goes through the script's write_atomic: a failed write says so in one line and
+    the finished run is not failed by it."""
+    pytest.importorskip("matplotlib")
+    module = RUNS[name][0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(module.os, "replace", full)
+    assert module.write_curve(str(run_dir)) is None
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err and "curve.png" in err, err
+    assert not glob.glob(str(run_dir / "*.tmp.*")) and not (run_dir / "curve.png").exists()

@@ -246,4 +246,3 @@ def test_the_temperature_starts_at_alpha_init_or_stays_at_alpha():
     assert start() == pytest.approx(1.0)
     assert start(alpha_init=0.3) == pytest.approx(0.3)
     assert start(autotune=False, alpha=0.05) == pytest.approx(0.05)
-
