@@ -76,6 +76,7 @@ import importlib
 import json
 import queue
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -144,6 +145,9 @@ class Args:
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
     """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    num_devices: int = 1
+    """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
+    parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
     eval_every: int = 5_000
     """SGD steps between evaluations"""
     eval_episodes: int = 10
@@ -154,6 +158,11 @@ class Args:
     """return of an expert, for the normalised score; default: the dataset's metadata"""
     checkpoint_every: int = 10_000
     """SGD steps between checkpoints (0 disables periodic checkpoints)"""
+    checkpoint_minutes: float = 30.0
+    """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
+    keep_checkpoints: int = 1
+    """complete checkpoints kept: checkpoint.npz (the newest) and the K - 1 before it as
+    checkpoint-<step>.npz; older ones are removed only once a newer one is complete"""
     log_every: int = 1_000
     """SGD steps between tensorboard scalars and console lines"""
     run_dir: Optional[str] = None
@@ -210,6 +219,12 @@ def check_args(args: Args, packages: bool = True) -> None:
         raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
     if args.per_alpha < 0 or args.checkpoint_every < 0:
         raise ConfigError("--per-alpha and --checkpoint-every must be >= 0")
+    if args.checkpoint_minutes < 0:
+        raise ConfigError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
+    if args.keep_checkpoints < 1:
+        raise ConfigError(f"--keep-checkpoints must be at least 1, got {args.keep_checkpoints}")
+    if args.num_devices == 0 or args.num_devices < -1:
+        raise ConfigError(f"--num-devices must be positive or -1 (all local devices), got {args.num_devices}")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
     if packages and args.capture_video and not importable("moviepy"):
@@ -723,12 +738,13 @@ class PrioritizedDataset:
             self.priority[:] = priority
 
 
-def sample_batches(replay, batch_size: int, num_batches: int):
-    """What the learner gets for one call: (batches[K, B, ...] on the device, row indexes[K * B]).
-    Runs on the prefetch thread, so the device transfer is off the learner's path too."""
+def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
+    """What the learner gets for one call: (batches[K, B, ...] on the device(s), row indexes[K * B]).
+    Runs on the prefetch thread, so the device transfer is off the learner's path too; with
+    several devices each gets its own slice of B here (Shardings.batch)."""
     batch, indexes = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch), indexes
+    return jax.device_put(batch, sharding), indexes
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -852,8 +868,42 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
     return optax.adam(optax.linear_schedule(args.learning_rate, 0.0, args.total_updates))
 
 
-def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, priorities[K, B]): K SGD steps."""
+class Shardings(NamedTuple):
+    replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
+    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and priorities[K, B]: split along B
+
+
+def learner_shardings(args: Args) -> Shardings:
+    """Data-parallel SGD over --num-devices local devices, as Acme's learners do with pmap.
+
+    Written the current JAX way: jit with these shardings on its inputs and outputs partitions
+    the update itself. Each device computes the loss terms of its slice of the batch, the mean in
+    the loss becomes per-device sums and one all-reduce, so the gradient is the whole batch's and
+    every device applies the same update to its copy: the one-device result up to the order of
+    float additions (tests/test_multidevice.py). With one device this is plain jit.
+    """
+    devices = jax.local_devices()
+    n = len(devices) if args.num_devices == -1 else args.num_devices
+    if n > len(devices):
+        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
+                          f"{', '.join(str(d) for d in devices)}")
+    if args.batch_size % n:
+        raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
+    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
+    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+
+
+def local_copy(tree):
+    """One device's copy of a replicated state, without a transfer (a view of its buffers), for
+    acting: a policy call on the replicated arrays would run on every device (measured: README).
+    Take it again after each update: the update donates the state whose buffers it shares."""
+    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
+
+
+def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings: Shardings):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, priorities[K, B]): K SGD steps, with the
+    state on shardings.replicated and the batches split by shardings.batch (learner_shardings)."""
     mean, std = jnp.asarray(stats.mean), jnp.asarray(stats.std)
 
     def loss_fn(params, batch):
@@ -873,7 +923,8 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats):
         state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/bc_loss": loss.mean()}, priorities
 
-    return jax.jit(update, donate_argnums=0)
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
 
 
 def make_act(policy: Policy, mode: str):
@@ -952,6 +1003,29 @@ def write_atomic(path: str, write: Callable) -> None:
 
 def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
     write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+
+
+def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous: Optional[int], keep: int) -> None:
+    """RUN_DIR/checkpoint.npz is always the newest complete checkpoint (written atomically). With
+    --keep-checkpoints K > 1 the one it replaces, taken at step `previous`, stays as
+    checkpoint-<previous>.npz: a second name for the same file (a hard link, so no copy of a
+    replay of gigabytes), made before the new one is written; only once that is complete are the
+    oldest of those removed, so a crash at any point leaves the K newest complete checkpoints."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    if keep > 1 and previous is not None and previous != step and os.path.isfile(path):
+        older = os.path.join(run_dir, f"checkpoint-{previous}.npz")
+        try:
+            os.link(path, older)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a copy, itself written atomically
+            with open(path, "rb") as src:
+                write_atomic(older, lambda f: shutil.copyfileobj(src, f))
+    save_npz_atomic(path, meta, arrays)
+    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
+                                                              os.listdir(run_dir)) if m)
+    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+        os.remove(os.path.join(run_dir, name))
 
 
 def read_json(path: str):
@@ -1362,6 +1436,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     if not args.dataset:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
 
+    shardings = learner_shardings(args)
     ds, env_id, mode, out_dim, ref_min, ref_max, digest = load_training_data(args)
     stats = obs_stats(ds.observations, args.normalize_obs)
     policy = Policy(out_dim, args.hidden_sizes, mode == "nll")
@@ -1370,7 +1445,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.per_weight_norm)
-    update = make_update(policy, mode, optimizer, stats)
+    update = make_update(policy, mode, optimizer, stats, shardings)
     act = make_act(policy, mode)
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {env_id}, loss {mode}")
 
@@ -1390,6 +1465,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         note = (f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
                 if saved_total not in (None, args.total_updates) else "")
         print(f"resumed {args.resume} at update {int(state.sgd_steps)}{note}")
+    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
     run_dir = args.run_dir or os.path.join(
         "runs", f"{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
@@ -1407,25 +1483,29 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
             "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
     stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
 
+    saved = {"step": updates if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
+
     def checkpoint():
         writer.flush()
-        save_npz_atomic(os.path.join(run_dir, "checkpoint.npz"), {**meta, "kind": "checkpoint", "digest": digest},
+        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "digest": digest},
                         {**tree_arrays("train_state/", state), **stats_arrays, "priority": replay.priority.copy(),
-                         "max_priority": np.asarray(replay.max_priority(), np.float64)})
+                         "max_priority": np.asarray(replay.max_priority(), np.float64)},
+                        updates, saved["step"], args.keep_checkpoints)
+        saved.update(step=updates, time=time.monotonic())
 
     def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
         return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
 
     def run_eval(step, video):
-        returns = evaluate(act, state.params, stats, env_id, args.eval_episodes, args.seed + 10_000, video)
+        returns = evaluate(act, local_copy(state.params), stats, env_id, args.eval_episodes, args.seed + 10_000, video)
         score = normalized_score(returns, ref_min, ref_max)
         logger.eval(step, returns, score, video)
         return returns, score
 
     # beta before the prefetch thread starts: its first draws happen before the loop sets it.
     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
-    prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call),
-                            args.prefetch_size)
+    prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
+                                              shardings.batch), args.prefetch_size)
     writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
     last_eval, metrics = "-", {}
@@ -1440,7 +1520,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                 if steps == args.updates_per_call:
                     batches, indexes = prefetcher.get()
                 else:  # the last call, when K does not divide --total-updates (compiled once more)
-                    batches, indexes = sample_batches(replay, args.batch_size, steps)
+                    batches, indexes = sample_batches(replay, args.batch_size, steps, shardings.batch)
                 t1 = time.perf_counter()
                 state, metrics, priorities = update(state, batches)
                 writer.submit(indexes, priorities, updates)
@@ -1461,7 +1541,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                     rate = scalars["perf/updates_per_second"]
                     console.update(updates, rate, fields, f"update {updates:>7d}  updates/s {rate:7.0f}  {fields}")
                     window.update(time=now, updates=updates, wait=0.0, learn=0.0)
-                if args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every:
+                if ((args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every)
+                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
                     checkpoint()
     finally:
         console.end()

@@ -100,6 +100,7 @@ import importlib
 import json
 import queue
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -196,6 +197,9 @@ class Args:
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
     """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    num_devices: int = 1
+    """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
+    parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
     eval_every: int = 10_000
     """environment steps between evaluations"""
     eval_episodes: int = 10
@@ -204,6 +208,11 @@ class Args:
     """epsilon of the evaluation policy"""
     checkpoint_every: int = 50_000
     """environment steps between checkpoints (0 disables periodic checkpoints)"""
+    checkpoint_minutes: float = 30.0
+    """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
+    keep_checkpoints: int = 1
+    """complete checkpoints kept: checkpoint.npz (the newest) and the K - 1 before it as
+    checkpoint-<step>.npz; older ones are removed only once a newer one is complete"""
     checkpoint_replay: bool = True
     """include the replay buffer and its priorities in checkpoints"""
     log_every: int = 1_000
@@ -303,8 +312,12 @@ def check_args(args: Args, packages: bool = True) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.per_alpha < 0:
         raise ConfigError(f"--per-alpha must be >= 0, got {args.per_alpha}")
-    if args.checkpoint_every < 0 or args.learning_starts < 0:
-        raise ConfigError("--checkpoint-every and --learning-starts must be >= 0")
+    if args.checkpoint_every < 0 or args.learning_starts < 0 or args.checkpoint_minutes < 0:
+        raise ConfigError("--checkpoint-every, --checkpoint-minutes and --learning-starts must be >= 0")
+    if args.keep_checkpoints < 1:
+        raise ConfigError(f"--keep-checkpoints must be at least 1, got {args.keep_checkpoints}")
+    if args.num_devices == 0 or args.num_devices < -1:
+        raise ConfigError(f"--num-devices must be positive or -1 (all local devices), got {args.num_devices}")
     if args.clip_reward is not None and args.clip_reward <= 0:
         raise ConfigError(f"--clip-reward must be positive, got {args.clip_reward}")
     if args.dataset_episodes <= 0:
@@ -826,17 +839,23 @@ def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedRepla
     return replay, nstep
 
 
-def sample_batches(replay, batch_size: int, num_batches: int):
-    """What the learner gets for one call: (batches[K, B, ...] on the device, slot indexes[K * B], write counts).
-    Runs on the prefetch thread, so the device transfer is off the learner's path too."""
+def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
+    """What the learner gets for one call: (batches[K, B, ...] on the device(s), slot indexes[K * B],
+    write counts). Runs on the prefetch thread, so the device transfer is off the learner's path
+    too; with several devices each gets its own slice of B here (Shardings.batch)."""
     batch, indexes, stamps = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch), indexes, stamps
+    return jax.device_put(batch, sharding), indexes, stamps
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
     """start -> end linearly over `duration`, then end."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+def next_multiple(step: int, every: int) -> Optional[int]:
+    """The first multiple of `every` after `step`; None (never) when every is 0."""
+    return (step // every + 1) * every if every else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -952,6 +971,39 @@ class TrainState(NamedTuple):
     sgd_steps: jax.Array
 
 
+class Shardings(NamedTuple):
+    replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
+    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and |TD|[K, B]: split along B
+
+
+def learner_shardings(args: Args) -> Shardings:
+    """Data-parallel SGD over --num-devices local devices, as Acme's learners do with pmap.
+
+    Written the current JAX way: jit with these shardings on its inputs and outputs partitions
+    the update itself. Each device computes the loss terms of its slice of the batch, the mean in
+    the loss becomes per-device sums and one all-reduce, so the gradient is the whole batch's and
+    every device applies the same update to its copy: the one-device result up to the order of
+    float additions (tests/test_multidevice.py). With one device this is plain jit.
+    """
+    devices = jax.local_devices()
+    n = len(devices) if args.num_devices == -1 else args.num_devices
+    if n > len(devices):
+        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
+                          f"{', '.join(str(d) for d in devices)}")
+    if args.batch_size % n:
+        raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
+    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
+    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+
+
+def local_copy(tree):
+    """One device's copy of a replicated state, without a transfer (a view of its buffers), for
+    acting: a policy call on the replicated arrays would run on every device (measured: README).
+    Take it again after each update: the update donates the state whose buffers it shares."""
+    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
+
+
 def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
     lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
           if args.anneal_lr else args.learning_rate)
@@ -979,8 +1031,10 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
     is for convolutions on CPU: XLA's CPU backend runs them 6-10x slower inside a loop (measured
     for the Nature CNN at B=32: ~240 ms per SGD step in a scan, ~37 ms unrolled), at the price of
-    a compile time that grows with K (~22 s for K=32).
+    a compile time that grows with K (~22 s for K=32). The state must be on the devices of
+    learner_shardings(args) (jax.device_put(state, shardings.replicated)).
     """
+    shardings = learner_shardings(args)
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -1008,7 +1062,8 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
             state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
-    return jax.jit(update, donate_argnums=0)
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
 
 
 def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
@@ -1148,6 +1203,29 @@ def write_atomic(path: str, write: Callable) -> None:
 
 def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
     write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+
+
+def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous: Optional[int], keep: int) -> None:
+    """RUN_DIR/checkpoint.npz is always the newest complete checkpoint (written atomically). With
+    --keep-checkpoints K > 1 the one it replaces, taken at step `previous`, stays as
+    checkpoint-<previous>.npz: a second name for the same file (a hard link, so no copy of a
+    replay of gigabytes), made before the new one is written; only once that is complete are the
+    oldest of those removed, so a crash at any point leaves the K newest complete checkpoints."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    if keep > 1 and previous is not None and previous != step and os.path.isfile(path):
+        older = os.path.join(run_dir, f"checkpoint-{previous}.npz")
+        try:
+            os.link(path, older)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a copy, itself written atomically
+            with open(path, "rb") as src:
+                write_atomic(older, lambda f: shutil.copyfileobj(src, f))
+    save_npz_atomic(path, meta, arrays)
+    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
+                                                              os.listdir(run_dir)) if m)
+    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+        os.remove(os.path.join(run_dir, name))
 
 
 def read_json(path: str):
@@ -1505,6 +1583,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         returns = run_eval_only(args, given)
         return {"eval_mean": float(returns.mean())}
 
+    shardings = learner_shardings(args)
     env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
     envs = env_fn(args.num_envs)
     num_actions = int(envs.single_action_space.n)
@@ -1541,6 +1620,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
             note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
         print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps, "
               f"{rows} rows in the replay){note}")
+    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+    act_params = local_copy(state.params)
     run_dir = args.run_dir or os.path.join(
         "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
@@ -1553,16 +1634,19 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     # evaluation is done again, so its row goes too).
     keep_until = global_step if global_step < args.total_timesteps else global_step - 1
     logger = Logger(run_dir, keep_until if args.resume else None, args)
-    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "model.npz")
+    model_path = os.path.join(run_dir, "model.npz")
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+
+    saved = {"step": global_step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
 
     def checkpoint():
         writer.flush()
         arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
         if args.checkpoint_replay:
             arrays.update(replay.state_dict())
-        save_npz_atomic(ckpt_path, {**meta, "kind": "checkpoint", "global_step": global_step,
-                                    "episodes": episodes}, arrays)
+        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "global_step": global_step, "episodes": episodes},
+                        arrays, global_step, saved["step"], args.keep_checkpoints)
+        saved.update(step=global_step, time=time.monotonic())
 
     def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
         return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
@@ -1581,9 +1665,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     metrics: dict = {}
     window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
-    next_eval = (global_step // args.eval_every + 1) * args.eval_every
-    next_ckpt = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    next_log = (global_step // args.log_every + 1) * args.log_every
+    next_eval, next_log = next_multiple(global_step, args.eval_every), next_multiple(global_step, args.log_every)
+    next_ckpt = next_multiple(global_step, args.checkpoint_every)
     last_eval = None
     console = Console(args.total_timesteps, global_step, "steps")
     stop = StopRequest()
@@ -1591,7 +1674,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         with stop:
             while global_step < args.total_timesteps and stop.signum is None:
                 epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-                actions = np.asarray(act(state.params, obs, np.float32(epsilon), key, np.int32(global_step)))
+                actions = np.asarray(act(act_params, obs, np.float32(epsilon), key, np.int32(global_step)))
                 next_obs, reward, terminated, truncated, info = envs.step(actions)
                 done = terminated | truncated
                 reached = real_next_obs(next_obs, done, info)
@@ -1622,12 +1705,14 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
                     replay.flush()
                     if prefetcher is None:
-                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call)
+                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
+                                                   shardings.batch)
                         prefetcher = Prefetcher(sample, args.prefetch_size)
                     t0 = time.perf_counter()
                     batches, indexes, stamps = prefetcher.get()
                     t1 = time.perf_counter()
                     state, metrics, priorities = update(state, batches)
+                    act_params = local_copy(state.params)
                     writer.submit(indexes, stamps, priorities, sgd_done)
                     window["wait"] += t1 - t0
                     window["learn"] += time.perf_counter() - t0
@@ -1656,12 +1741,13 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
                     video = film(f"eval-step-{global_step}")
-                    returns = evaluate(act, state.params, env_fn, args.eval_episodes,
+                    returns = evaluate(act, act_params, env_fn, args.eval_episodes,
                                        args.eval_epsilon, args.seed + 10_000, video)
                     logger.eval(global_step, returns, video)
                     last_eval = f"{returns.mean():.1f}"
-                if next_ckpt is not None and global_step >= next_ckpt:
-                    next_ckpt += args.checkpoint_every
+                if ((next_ckpt is not None and global_step >= next_ckpt)
+                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
+                    next_ckpt = next_multiple(global_step, args.checkpoint_every)
                     checkpoint()
     finally:
         console.end()
@@ -1678,12 +1764,12 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
 
     save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.params))
     video = film(f"final-step-{global_step}")
-    returns = evaluate(act, state.params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000, video)
+    returns = evaluate(act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000, video)
     logger.eval(global_step, returns, video)
     logger.close()
     write_curve(run_dir)
     if args.save_dataset:
-        save_dataset(args.save_dataset, act, state.params, env_fn, args)
+        save_dataset(args.save_dataset, act, act_params, env_fn, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
           f"run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),

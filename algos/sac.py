@@ -85,6 +85,7 @@ import importlib
 import json
 import queue
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -173,12 +174,20 @@ class Args:
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
     """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    num_devices: int = 1
+    """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
+    parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
     eval_every: int = 5_000
     """environment steps between evaluations"""
     eval_episodes: int = 10
     """episodes per evaluation (run in parallel, deterministic actions)"""
     checkpoint_every: int = 50_000
     """environment steps between checkpoints (0 disables periodic checkpoints)"""
+    checkpoint_minutes: float = 30.0
+    """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
+    keep_checkpoints: int = 1
+    """complete checkpoints kept: checkpoint.npz (the newest) and the K - 1 before it as
+    checkpoint-<step>.npz; older ones are removed only once a newer one is complete"""
     checkpoint_replay: bool = True
     """include the replay buffer and its priorities in checkpoints"""
     log_every: int = 1_000
@@ -254,6 +263,12 @@ def check_args(args: Args, packages: bool = True) -> None:
         raise ConfigError("--per-alpha, --checkpoint-every and --dataset-noise must be >= 0")
     if args.dataset_episodes <= 0:
         raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
+    if args.checkpoint_minutes < 0:
+        raise ConfigError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
+    if args.keep_checkpoints < 1:
+        raise ConfigError(f"--keep-checkpoints must be at least 1, got {args.keep_checkpoints}")
+    if args.num_devices == 0 or args.num_devices < -1:
+        raise ConfigError(f"--num-devices must be positive or -1 (all local devices), got {args.num_devices}")
     if args.eval_only and not args.load:
         raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
     if packages and args.capture_video and not importable("moviepy"):
@@ -636,17 +651,23 @@ class PrioritizedReplay:
         self.staged = 0
 
 
-def sample_batches(replay, batch_size: int, num_batches: int):
-    """What the learner gets for one call: (batches[K, B, ...] on the device, slot indexes[K * B], write counts).
-    Runs on the prefetch thread, so the device transfer is off the learner's path too."""
+def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
+    """What the learner gets for one call: (batches[K, B, ...] on the device(s), slot indexes[K * B],
+    write counts). Runs on the prefetch thread, so the device transfer is off the learner's path
+    too; with several devices each gets its own slice of B here (Shardings.batch)."""
     batch, indexes, stamps = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch), indexes, stamps
+    return jax.device_put(batch, sharding), indexes, stamps
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
     """start -> end linearly over `duration`, then end."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+def next_multiple(step: int, every: int) -> Optional[int]:
+    """The first multiple of `every` after `step`; None (never) when every is 0."""
+    return (step // every + 1) * every if every else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -824,11 +845,46 @@ def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, ke
     return actor_loss + alpha_loss, (actor_loss, alpha_loss, -jnp.mean(log_prob))
 
 
+class Shardings(NamedTuple):
+    replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
+    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and priorities[K, B]: split along B
+
+
+def learner_shardings(args: Args) -> Shardings:
+    """Data-parallel SGD over --num-devices local devices, as Acme's learners do with pmap.
+
+    Written the current JAX way: jit with these shardings on its inputs and outputs partitions
+    the update itself. Each device computes the loss terms of its slice of the batch, the mean in
+    the loss becomes per-device sums and one all-reduce, so the gradient is the whole batch's and
+    every device applies the same update to its copy: the one-device result up to the order of
+    float additions (tests/test_multidevice.py). With one device this is plain jit.
+    """
+    devices = jax.local_devices()
+    n = len(devices) if args.num_devices == -1 else args.num_devices
+    if n > len(devices):
+        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
+                          f"{', '.join(str(d) for d in devices)}")
+    if args.batch_size % n:
+        raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
+    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
+    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+
+
+def local_copy(tree):
+    """One device's copy of a replicated state, without a transfer (a view of its buffers), for
+    acting: a policy call on the replicated arrays would run on every device (measured: README).
+    Take it again after each update: the update donates the state whose buffers it shares."""
+    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
+
+
 def make_update(nets: Nets, args: Args, action_dim: int):
     """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps fused.
 
-    The priority of a sample is the mean of the twin critics' |TD| (see the docstring).
+    The priority of a sample is the mean of the twin critics' |TD| (see the docstring). The state
+    must be on the devices of learner_shardings(args) (jax.device_put(state, shardings.replicated)).
     """
+    shardings = learner_shardings(args)
     target_entropy = -args.target_entropy_scale * action_dim
 
     def actor_step(carry, key):
@@ -884,7 +940,8 @@ def make_update(nets: Nets, args: Args, action_dim: int):
                    "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
         return state, metrics, jnp.abs(td).mean(axis=1)
 
-    return jax.jit(update, donate_argnums=0)
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1019,6 +1076,29 @@ def write_atomic(path: str, write: Callable) -> None:
 
 def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
     write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+
+
+def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous: Optional[int], keep: int) -> None:
+    """RUN_DIR/checkpoint.npz is always the newest complete checkpoint (written atomically). With
+    --keep-checkpoints K > 1 the one it replaces, taken at step `previous`, stays as
+    checkpoint-<previous>.npz: a second name for the same file (a hard link, so no copy of a
+    replay of gigabytes), made before the new one is written; only once that is complete are the
+    oldest of those removed, so a crash at any point leaves the K newest complete checkpoints."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    if keep > 1 and previous is not None and previous != step and os.path.isfile(path):
+        older = os.path.join(run_dir, f"checkpoint-{previous}.npz")
+        try:
+            os.link(path, older)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a copy, itself written atomically
+            with open(path, "rb") as src:
+                write_atomic(older, lambda f: shutil.copyfileobj(src, f))
+    save_npz_atomic(path, meta, arrays)
+    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
+                                                              os.listdir(run_dir)) if m)
+    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+        os.remove(os.path.join(run_dir, name))
 
 
 def read_json(path: str):
@@ -1375,6 +1455,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         returns = run_eval_only(args)
         return {"eval_mean": float(returns.mean())}
 
+    shardings = learner_shardings(args)
     envs = make_env(args.env_id, args.num_envs)
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     low, high = envs.single_action_space.low, envs.single_action_space.high
@@ -1409,6 +1490,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
             note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
         print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps, "
               f"{rows} rows in the replay){note}")
+    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+    actor_params = local_copy(state.actor_params)
     run_dir = args.run_dir or os.path.join(
         "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
@@ -1421,16 +1504,19 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     # evaluation is done again, so its row goes too).
     keep_until = global_step if global_step < args.total_timesteps else global_step - 1
     logger = Logger(run_dir, keep_until if args.resume else None, args)
-    ckpt_path, model_path = os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "model.npz")
+    model_path = os.path.join(run_dir, "model.npz")
     meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+
+    saved = {"step": global_step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
 
     def checkpoint():
         writer.flush()
         arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
         if args.checkpoint_replay:
             arrays.update(replay.state_dict())
-        save_npz_atomic(ckpt_path, {**meta, "kind": "checkpoint", "global_step": global_step,
-                                    "episodes": episodes}, arrays)
+        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "global_step": global_step, "episodes": episodes},
+                        arrays, global_step, saved["step"], args.keep_checkpoints)
+        saved.update(step=global_step, time=time.monotonic())
 
     def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
         return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
@@ -1444,9 +1530,8 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
     metrics: dict = {}
     window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
-    next_eval = (global_step // args.eval_every + 1) * args.eval_every
-    next_ckpt = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    next_log = (global_step // args.log_every + 1) * args.log_every
+    next_eval, next_log = next_multiple(global_step, args.eval_every), next_multiple(global_step, args.log_every)
+    next_ckpt = next_multiple(global_step, args.checkpoint_every)
     last_eval = None
     console = Console(args.total_timesteps, global_step, "steps")
     stop = StopRequest()
@@ -1456,7 +1541,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                 if global_step < args.learning_starts:
                     action = from_env_action(envs.action_space.sample(), low, high)
                 else:
-                    action = np.asarray(act(state.actor_params, obs, key, np.int32(global_step),
+                    action = np.asarray(act(actor_params, obs, key, np.int32(global_step),
                                             deterministic=False))
                 next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
                 done = terminated | truncated
@@ -1480,12 +1565,14 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                     replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
                     replay.flush()
                     if prefetcher is None:
-                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call)
+                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
+                                                   shardings.batch)
                         prefetcher = Prefetcher(sample, args.prefetch_size)
                     t0 = time.perf_counter()
                     batches, indexes, stamps = prefetcher.get()
                     t1 = time.perf_counter()
                     state, metrics, priorities = update(state, batches, key)
+                    actor_params = local_copy(state.actor_params)
                     writer.submit(indexes, stamps, priorities, sgd_done)
                     window["wait"] += t1 - t0
                     window["learn"] += time.perf_counter() - t0
@@ -1512,12 +1599,12 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
                 if next_eval <= global_step < args.total_timesteps:  # the final one comes below
                     next_eval += args.eval_every
                     video = film(f"eval-step-{global_step}")
-                    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000,
-                                       video)
+                    returns = evaluate(act, actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
                     logger.eval(global_step, returns, video)
                     last_eval = f"{returns.mean():.1f}"
-                if next_ckpt is not None and global_step >= next_ckpt:
-                    next_ckpt += args.checkpoint_every
+                if ((next_ckpt is not None and global_step >= next_ckpt)
+                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
+                    next_ckpt = next_multiple(global_step, args.checkpoint_every)
                     checkpoint()
     finally:
         console.end()
@@ -1534,12 +1621,12 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
 
     save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
     video = film(f"final-step-{global_step}")
-    returns = evaluate(act, state.actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
+    returns = evaluate(act, actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
     logger.eval(global_step, returns, video)
     logger.close()
     write_curve(run_dir)
     if args.save_dataset:
-        save_dataset(args.save_dataset, act, state.actor_params, args)
+        save_dataset(args.save_dataset, act, actor_params, args)
     print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
           f"run dir {run_dir}", flush=True)
     return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
