@@ -13,7 +13,9 @@ What it implements
     written back from another thread. Each of the K minibatches of a call is its own stratified
     draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample; a
     permutation of one K*B draw would cost less, 5.94 against 7.08 ms per call, but keep one
-    draw's strata instead of the paper's per-minibatch ones: README).
+    draw's strata instead of the paper's per-minibatch ones: README). With --num-devices N the
+    SGD steps run data parallel on N local devices (replicated parameters, each batch split,
+    gradients averaged; see learner_shardings).
 
 Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without --prioritized)
   discrete actions:          l_i = -log softmax(f(s_i))[a_i]                      (cross-entropy)
@@ -47,6 +49,7 @@ Run
   python algos/bc_offline.py                                   # data/pendulum-sac-expert.hdf5
   python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5
   python algos/bc_offline.py --dataset a.hdf5 --dataset b.npz --top-fraction 0.1
+  python algos/bc_offline.py --num-devices -1 --batch-size 1024   # SGD over every local GPU
   python algos/bc_offline.py --eval-only --load runs/<run>/model.npz
   python algos/bc_offline.py --capture-video --track           # eval videos, Weights & Biases (optional)
 
@@ -54,8 +57,9 @@ Outputs (runs/<env_id>__bc_offline__<seed>__<unix_time>/)
   args.json, eval.csv (step, mean, std, episodes, normalized_score) where step counts SGD
   updates, tensorboard events (losses/bc_loss, eval/episodic_return(_std), eval/normalized_score,
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction),
-  checkpoint.npz (atomic) and model.npz (parameters and observation statistics): arrays and
-  JSON, read without pickle; curve.png (eval returns and training loss, with matplotlib), videos/
+  checkpoint.npz (atomic; every --checkpoint-every updates and --checkpoint-minutes;
+  --keep-checkpoints K keeps the K - 1 before it as checkpoint-<update>.npz) and model.npz
+  (parameters and observation statistics): arrays and JSON, read without pickle; curve.png (eval returns and training loss, with matplotlib), videos/
   (--capture-video), wandb/ (--track).
   Console: one refreshing progress line on a terminal, a plain line every --log-every otherwise.
 """

@@ -9,7 +9,8 @@ What it implements
   * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
     batches and puts them on the device, K SGD steps are fused in one jitted call (a `lax.scan`;
     unrolled for convolutions on CPU, see make_update), and priorities are written back from
-    another thread.
+    another thread. With --num-devices N the SGD steps run data parallel on N local devices
+    (replicated parameters, each batch split, gradients averaged; see learner_shardings).
   * For image observations: the Nature DQN network and preprocessing (Mnih et al. 2015) and a
     replay that stores each frame once (see "Pixels" below).
 
@@ -65,6 +66,7 @@ Run
   python algos/dqn_prioritized.py --eval-only --load runs/<run>/model.npz
   python algos/dqn_prioritized.py --save-dataset data/cartpole.hdf5   # offline data for BC
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari   # the PER paper's setup
+  python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari --num-devices -1   # every GPU
   python algos/dqn_prioritized.py --capture-video --track  # eval videos, Weights & Biases (optional packages)
   python algos/dqn_prioritized.py --help                   # every flag
 
@@ -74,7 +76,9 @@ Outputs (runs/<env_id>__dqn_prioritized__<seed>__<unix_time>/)
   losses/q_values, eval/episodic_return(_std), replay/beta, replay/priority_max,
   replay/redrawn_rows (pixels: rows whose frames were overwritten, redrawn when sampled),
   perf/updates_per_second, perf/learner_wait_fraction; checkpoint.npz (latest, written
-  atomically) and model.npz (final parameters): arrays and JSON, read without pickle; curve.png
+  atomically; every --checkpoint-every steps and --checkpoint-minutes; --keep-checkpoints K keeps
+  the K - 1 before it as checkpoint-<step>.npz) and model.npz (final parameters): arrays and
+  JSON, read without pickle; curve.png
   (eval and training returns, with matplotlib), videos/ (--capture-video), wandb/ (--track).
   Console: one refreshing progress line on a terminal, a plain line every 10 --log-every otherwise.
 """

@@ -15,7 +15,9 @@ What it implements
     with importance-sampling-weighted critic loss, and optional n-step returns.
   * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
     and puts batches on the device, K SGD steps run fused in one jitted `lax.scan`, and
-    priorities are written back from another thread.
+    priorities are written back from another thread. With --num-devices N the SGD steps run
+    data parallel on N local devices (replicated parameters, each batch split, gradients
+    averaged; see learner_shardings).
 
 Update equations (batch of B transitions i spanning k_i <= n steps; actions live in [-1, 1]^|A|)
   u ~ N(mu_phi(s), sigma_phi(s)),  a = tanh(u)
@@ -53,6 +55,7 @@ Design choices
 Run
   python algos/sac.py                                       # Pendulum-v1, 20k steps
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
+  python algos/sac.py --env-id HalfCheetah-v5 --num-devices -1   # SGD over every local GPU
   python algos/sac.py --resume runs/<run>                   # continue an interrupted run
   python algos/sac.py --eval-only --load runs/<run>/model.npz
   python algos/sac.py --save-dataset data/pendulum.hdf5 --dataset-noise 0.3   # data for BC
@@ -64,8 +67,9 @@ Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
   charts/episodic_return, charts/episodic_length, charts/SPS, losses/qf_loss, losses/qf_values,
   losses/actor_loss, losses/alpha, losses/alpha_loss, losses/entropy, eval/episodic_return(_std),
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
-  checkpoint.npz (latest, written atomically) and model.npz (final actor): arrays and JSON,
-  read without pickle; curve.png (eval and training returns, with matplotlib), videos/
+  checkpoint.npz (latest, written atomically; every --checkpoint-every steps and
+  --checkpoint-minutes; --keep-checkpoints K keeps the K - 1 before it as checkpoint-<step>.npz)
+  and model.npz (final actor): arrays and JSON, read without pickle; curve.png (eval and training returns, with matplotlib), videos/
   (--capture-video), wandb/ (--track).
   Console: one refreshing progress line on a terminal, a plain line every 10 --log-every otherwise.
 """
