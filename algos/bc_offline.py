@@ -45,6 +45,13 @@ Datasets (--dataset, repeatable: their union is used)
   algos/dqn_prioritized.py and algos/sac.py write the D4RL format with --save-dataset; data/
   ships three small files made that way (see README for the commands).
 
+Map of this file
+  Part 1, the algorithm: Args (the flags), Policy, PrioritizedDataset, the learner
+  (per_example_loss, make_update), acting (make_act) and train(), the loop. Part 2, the
+  machinery, which a reader may skip: flag checks, dataset readers (D4RL HDF5, Minari, .npz),
+  envs, the prefetch and priority threads, devices, Run (run folder, resume, counters, logging,
+  evaluations, checkpoints), evaluation, files, the command line.
+
 Run
   python algos/bc_offline.py                                   # data/pendulum-sac-expert.hdf5
   python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5
@@ -108,8 +115,15 @@ DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
                                "data", "pendulum-sac-expert.hdf5")
 
 
+# =============================================================================================
+# PART 1: THE ALGORITHM
+# Flags, policy, the prioritized dataset, loss and update, acting, and the loop.
+# =============================================================================================
+
+
 @dataclass
 class Args:
+    # Algorithm
     dataset: Annotated[List[str], tyro.conf.UseAppendAction] = field(default_factory=list)
     """D4RL-layout .hdf5, Minari folder or .npz; repeat the flag to train on the union
     (default: data/pendulum-sac-expert.hdf5)"""
@@ -133,6 +147,7 @@ class Args:
     (1.0: all; 0.1: "10% BC" of Decision Transformer)"""
     normalize_obs: bool = True
     """standardise observations with the dataset's mean and std"""
+    # Replay (sampling of the dataset)
     prioritized: bool = False
     """sample examples in proportion to their loss (the nll: its misfit term; IS-weighted); off
     by default: on the shipped datasets it matched uniform sampling or trailed it (see README)"""
@@ -145,6 +160,7 @@ class Args:
     per_weight_norm: Literal["batch", "buffer"] = "batch"
     """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
     whole dataset (cpprb's rule)"""
+    # Learner machinery
     updates_per_call: int = 50
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
@@ -152,6 +168,7 @@ class Args:
     num_devices: int = 1
     """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
     parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
+    # Run and output
     eval_every: int = 5_000
     """SGD steps between evaluations"""
     eval_episodes: int = 10
@@ -187,6 +204,243 @@ class Args:
     load: Optional[str] = None
     """model.npz or checkpoint.npz (or a run folder) to evaluate with --eval-only"""
 
+
+# ---------------------------------------------------------------------------------------------
+# Policy network
+# ---------------------------------------------------------------------------------------------
+
+class Policy(nn.Module):
+    """MLP on normalised observations: logits (discrete), or (mean, log_std) in pre-tanh space."""
+    out_dim: int
+    hidden_sizes: Tuple[int, ...]
+    gaussian: bool  # also output a log-std head (--loss nll)
+
+    @nn.compact
+    def __call__(self, obs: jax.Array):
+        x = obs
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        out = nn.Dense(self.out_dim)(x)
+        if not self.gaussian:
+            return out, None
+        return out, jnp.clip(nn.Dense(self.out_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prioritized dataset
+# ---------------------------------------------------------------------------------------------
+
+class PrioritizedDataset:
+    """Proportional prioritized sampling (Schaul et al. 2016) of a fixed dataset, on cpprb.
+    P(i) = p_i^alpha / sum_j p_j^alpha (one stratified draw of B per minibatch, in sample),
+    w_i = (N P(i))^-beta / max_{j in minibatch} w_j (sample), p_i = the example's loss term
+    + eps after learning (update_priorities). cpprb keeps the sum tree, adds eps and raises to
+    alpha. The (normalised) dataset sits in cpprb's PrioritizedReplayBuffer, shared by three threads:
+    one lock serialises sampling (prefetch thread) and priority updates (writer thread). The
+    dataset is written once and never overwritten, so unlike the online scripts no slot can go
+    stale between a sample and its priority update. priority[] mirrors what went into cpprb,
+    which cannot read priorities back, so checkpoints can save them.
+    """
+
+    def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float, weight_norm: str = "batch"):
+        n, self.weight_norm = len(obs), weight_norm
+        spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32},
+                "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype}}
+        self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
+        self.buffer.add(obs=obs, action=actions)  # one call: all rows, at priority 1
+        self.priority = np.ones(n, np.float64)
+        self.discrete = actions.ndim == 1
+        self.lock = threading.Lock()
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+
+    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray]:
+        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
+        dataset, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights',
+        row indexes) at the current beta."""
+        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
+        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
+        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
+        # would give minibatch k only the k-th 1/K of the priority mass: a few consecutive rows
+        # of the file. One call per minibatch, all under one lock (one beta, one tree).
+        beta = self.beta  # read once: the main loop may move it meanwhile
+        with self.lock:
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=beta)
+                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
+                draws.append(draw)
+        batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+        indexes = batch.pop("indexes")
+        if self.discrete:
+            batch["action"] = batch["action"].reshape(-1)
+        weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)
+        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the dataset's)
+            weights = weights / weights.max(axis=1, keepdims=True)
+        batch["weights"] = weights.reshape(-1)
+        return batch, indexes
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
+        # each draw returns row 0 with NaN weights: refuse it before it gets there.
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+            raise ValueError("priorities must be finite and >= 0")
+        with self.lock:
+            self.buffer.update_priorities(indexes, priorities)
+            self.priority[indexes] = priorities
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def load_priorities(self, priority: np.ndarray, max_priority: float) -> None:
+        with self.lock:
+            self.buffer.update_priorities(np.arange(len(priority)), priority)
+            # cpprb only ever raises its max: raise it on slot 0, then restore slot 0.
+            self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
+            self.buffer.update_priorities(np.array([0]), priority[:1])
+            self.priority[:] = priority
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class ObsStats(NamedTuple):
+    mean: np.ndarray
+    std: np.ndarray
+
+
+def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
+    if not normalize:
+        return ObsStats(np.zeros(observations.shape[1], np.float32), np.ones(observations.shape[1], np.float32))
+    # The floor keeps constant features (std 0) from blowing up to inf.
+    return ObsStats(observations.mean(0).astype(np.float32), np.maximum(observations.std(0), 1e-3).astype(np.float32))
+
+
+class TrainState(NamedTuple):
+    params: Any
+    opt_state: Any
+    sgd_steps: jax.Array
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    return optax.adam(optax.linear_schedule(args.learning_rate, 0.0, args.total_updates))
+
+
+def per_example_loss(policy: Policy, mode: str, params, obs, action):
+    """(l_i, p_i - eps) of the docstring for each example; `action` is an int (discrete) or in
+    [-1, 1]. The priority is the loss itself except for the nll (see the docstring)."""
+    out, log_std = policy.apply(params, obs)
+    if mode == "discrete":
+        loss = -jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], axis=1)[:, 0]
+        return loss, loss
+    if mode == "mse":
+        loss = jnp.sum((jnp.tanh(out) - action) ** 2, axis=-1)
+        return loss, loss
+    # nll: log-density of the squashed Gaussian at the dataset's action.
+    a = jnp.clip(action, -ACTION_EDGE, ACTION_EDGE)
+    u = jnp.arctanh(a)
+    misfit = 0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2, axis=-1)
+    log_normaliser = jnp.sum(log_std, axis=-1) + 0.5 * out.shape[-1] * jnp.log(2.0 * jnp.pi)
+    return misfit + log_normaliser + jnp.sum(jnp.log(1.0 - a ** 2), axis=-1), misfit
+
+
+def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings: Shardings):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, priorities[K, B]): K SGD steps, with the
+    state on shardings.replicated and the batches split by shardings.batch (learner_shardings)."""
+    mean, std = jnp.asarray(stats.mean), jnp.asarray(stats.std)
+
+    def loss_fn(params, batch):
+        losses, priorities = per_example_loss(policy, mode, params, (batch["obs"] - mean) / std, batch["action"])
+        return jnp.mean(batch["weights"] * losses), priorities
+
+    def sgd_step(state: TrainState, batch: dict):
+        (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        # A step whose new parameters are not finite reports NaN priorities, so the priority
+        # writer stops the run here rather than one call later (after a checkpoint, maybe).
+        priorities = jnp.where(jnp.isfinite(optax.global_norm(params)), priorities, jnp.nan)
+        return TrainState(params, opt_state, state.sgd_steps + 1), (loss, priorities)
+
+    def update(state: TrainState, batches: dict):
+        state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
+        return state, {"losses/bc_loss": loss.mean()}, priorities
+
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting (evaluation)
+# ---------------------------------------------------------------------------------------------
+
+def deterministic_action(policy: Policy, mode: str, params, obs):
+    out, _ = policy.apply(params, obs)
+    return jnp.argmax(out, axis=-1) if mode == "discrete" else jnp.tanh(out)
+
+
+def make_act(policy: Policy, mode: str):
+    """jit(params, obs, mean, std) -> deterministic action (index, or in [-1, 1])."""
+    return jax.jit(lambda params, obs, mean, std: deterministic_action(policy, mode, params, (obs - mean) / std))
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args) -> dict:
+    """Train with checked flags (main() checks them and merges a --resume run's own). Returns
+    {run_dir, updates, eval_mean, score}, or {..., signal} when a signal stopped it."""
+    # The learner's devices (one by default): parameters replicated, each batch split across them.
+    shardings = learner_shardings(args)
+    data = load_training_data(args)
+    stats = obs_stats(data.dataset.observations, args.normalize_obs)
+    policy = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll")
+    optimizer = make_optimizer(args)
+    params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, data.dataset.observations.shape[1])))
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    replay = PrioritizedDataset(data.dataset.observations, data.dataset.actions,
+                                args.per_alpha if args.prioritized else 0.0, args.per_eps, args.per_weight_norm)
+    update = make_update(policy, data.mode, optimizer, stats, shardings)
+    act = make_act(policy, data.mode)
+    print(f"{len(data.dataset.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
+    # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
+    # evaluations and checkpoints: Part 2. The loop below is the algorithm.
+    run = Run(args, data, stats, replay, act, shardings)
+    state = run.restore(state)
+    with run:
+        while run.updates < args.total_updates and not run.stopped:
+            # LEARN: K SGD steps per jitted call on minibatches the prefetch thread samples (by
+            # loss with --prioritized, IS-weighted); the priorities go back on another thread.
+            replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, run.updates)
+            batches, indexes = run.next_batches()
+            state, metrics, priorities = update(state, batches)
+            run.learned(state, metrics, indexes, priorities)
+
+            run.evaluate_if_due()
+            run.log_if_due()
+            run.checkpoint_if_due(state)
+    return run.finish(state)
+
+
+# =============================================================================================
+# PART 2: THE MACHINERY
+# What makes the loop above a dependable program: a reader learning the algorithm can stop
+# here. Flag checks, dataset readers, envs, threads, devices, the run (folder, resume,
+# logging, evaluation, checkpoints), files, and the command line.
+# =============================================================================================
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and flag checks
+# ---------------------------------------------------------------------------------------------
 
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
@@ -246,7 +500,7 @@ def importable(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Datasets: readers, checks, trajectories
+# Datasets: D4RL-layout HDF5, Minari folders, .npz
 # ---------------------------------------------------------------------------------------------
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
@@ -319,13 +573,6 @@ def read_npz(path: str) -> Dataset:
     return _from_flat(arrays, metadata, path)
 
 
-MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
-# Spaces whose samples minari stores as one numeric array per episode, which BC's MLP can take
-# flattened. Dict and Tuple spaces are nested HDF5 groups, Text is strings: refused by name.
-MINARI_OBS_SPACES = ("Box", "Discrete", "MultiBinary", "MultiDiscrete")
-MINARI_ACTION_SPACES = ("Box", "Discrete")
-
-
 def _json_object(value) -> dict:
     """minari nests env specs and spaces as JSON strings inside its JSON: the decoded object,
     or {} when it is missing or not an object (only the env id depends on it; --env-id can
@@ -336,6 +583,17 @@ def _json_object(value) -> dict:
         except ValueError:
             return {}
     return value if isinstance(value, dict) else {}
+
+
+MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
+# Spaces whose samples minari stores as one numeric array per episode, which BC's MLP can take
+# flattened. Dict and Tuple spaces are nested HDF5 groups, Text is strings: refused by name.
+MINARI_OBS_SPACES = ("Box", "Discrete", "MultiBinary", "MultiDiscrete")
+
+
+MINARI_ACTION_SPACES = ("Box", "Discrete")
 
 
 def _minari_metadata(meta_path: str) -> dict:
@@ -532,6 +790,42 @@ def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
     return mask
 
 
+class TrainingData(NamedTuple):
+    dataset: Dataset   # after --top-fraction, continuous actions mapped to [-1, 1]
+    env_id: str
+    mode: str          # "discrete", "mse" or "nll"
+    out_dim: int       # number of actions (discrete) or action dimensions
+    ref_min: Optional[float]
+    ref_max: Optional[float]
+    digest: str        # fingerprint of the training data, checked on --resume
+
+
+def load_training_data(args: Args) -> TrainingData:
+    datasets = [read_dataset(p) for p in args.dataset]
+    ds = concatenate(datasets, args.dataset)
+    env_id = args.env_id or ds.metadata.get("env_id")
+    if not env_id:
+        raise ConfigError(f"{args.dataset[0]}: no env_id in the metadata; give --env-id")
+    envs = make_env(env_id, 1)
+    try:
+        for one, path in zip(datasets, args.dataset):
+            check_dataset_matches_env(one, envs, path)
+        space = envs.single_action_space
+        discrete = isinstance(space, gym.spaces.Discrete)
+    finally:
+        envs.close()
+    if args.top_fraction < 1.0:
+        mask = top_fraction_mask(ds, args.top_fraction)
+        ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
+    if not discrete:  # the policy works in [-1, 1]; map the dataset's actions there once
+        ds = ds._replace(actions=from_env_action(ds.actions, space.low, space.high).astype(np.float32))
+    ref_min = args.ref_min_score if args.ref_min_score is not None else ds.metadata.get("ref_min_score")
+    ref_max = args.ref_max_score if args.ref_max_score is not None else ds.metadata.get("ref_max_score")
+    digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
+    return TrainingData(ds, env_id, "discrete" if discrete else args.loss,
+                        int(space.n) if discrete else space.shape[0], ref_min, ref_max, digest)
+
+
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
@@ -614,133 +908,8 @@ def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -
 
 
 # ---------------------------------------------------------------------------------------------
-# Policy network and losses
+# Replay plumbing
 # ---------------------------------------------------------------------------------------------
-
-class Policy(nn.Module):
-    """MLP on normalised observations: logits (discrete), or (mean, log_std) in pre-tanh space."""
-    out_dim: int
-    hidden_sizes: Tuple[int, ...]
-    gaussian: bool  # also output a log-std head (--loss nll)
-
-    @nn.compact
-    def __call__(self, obs: jax.Array):
-        x = obs
-        for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        out = nn.Dense(self.out_dim)(x)
-        if not self.gaussian:
-            return out, None
-        return out, jnp.clip(nn.Dense(self.out_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
-
-
-class ObsStats(NamedTuple):
-    mean: np.ndarray
-    std: np.ndarray
-
-
-def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
-    if not normalize:
-        return ObsStats(np.zeros(observations.shape[1], np.float32), np.ones(observations.shape[1], np.float32))
-    # The floor keeps constant features (std 0) from blowing up to inf.
-    return ObsStats(observations.mean(0).astype(np.float32), np.maximum(observations.std(0), 1e-3).astype(np.float32))
-
-
-def per_example_loss(policy: Policy, mode: str, params, obs, action):
-    """(l_i, p_i - eps) of the docstring for each example; `action` is an int (discrete) or in
-    [-1, 1]. The priority is the loss itself except for the nll (see the docstring)."""
-    out, log_std = policy.apply(params, obs)
-    if mode == "discrete":
-        loss = -jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], axis=1)[:, 0]
-        return loss, loss
-    if mode == "mse":
-        loss = jnp.sum((jnp.tanh(out) - action) ** 2, axis=-1)
-        return loss, loss
-    # nll: log-density of the squashed Gaussian at the dataset's action.
-    a = jnp.clip(action, -ACTION_EDGE, ACTION_EDGE)
-    u = jnp.arctanh(a)
-    misfit = 0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2, axis=-1)
-    log_normaliser = jnp.sum(log_std, axis=-1) + 0.5 * out.shape[-1] * jnp.log(2.0 * jnp.pi)
-    return misfit + log_normaliser + jnp.sum(jnp.log(1.0 - a ** 2), axis=-1), misfit
-
-
-def deterministic_action(policy: Policy, mode: str, params, obs):
-    out, _ = policy.apply(params, obs)
-    return jnp.argmax(out, axis=-1) if mode == "discrete" else jnp.tanh(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Replay: the dataset in a prioritized cpprb buffer
-# ---------------------------------------------------------------------------------------------
-
-class PrioritizedDataset:
-    """The (normalised) dataset in cpprb's PrioritizedReplayBuffer, shared by three threads.
-
-    One lock serialises sampling (prefetch thread) and priority updates (writer thread). The
-    dataset is written once and never overwritten, so unlike the online scripts no slot can go
-    stale between a sample and its priority update. priority[] mirrors what went into cpprb,
-    which cannot read priorities back, so checkpoints can save them.
-    """
-
-    def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float, weight_norm: str = "batch"):
-        n, self.weight_norm = len(obs), weight_norm
-        spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32},
-                "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype}}
-        self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
-        self.buffer.add(obs=obs, action=actions)  # one call: all rows, at priority 1
-        self.priority = np.ones(n, np.float64)
-        self.discrete = actions.ndim == 1
-        self.lock = threading.Lock()
-        self.beta = 0.4  # set by the main loop; read by whoever samples
-
-    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray]:
-        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
-        dataset, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights',
-        row indexes) at the current beta."""
-        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
-        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
-        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
-        # would give minibatch k only the k-th 1/K of the priority mass: a few consecutive rows
-        # of the file. One call per minibatch, all under one lock (one beta, one tree).
-        beta = self.beta  # read once: the main loop may move it meanwhile
-        with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)
-                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
-                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
-                draws.append(draw)
-        batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-        indexes = batch.pop("indexes")
-        if self.discrete:
-            batch["action"] = batch["action"].reshape(-1)
-        weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)
-        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the dataset's)
-            weights = weights / weights.max(axis=1, keepdims=True)
-        batch["weights"] = weights.reshape(-1)
-        return batch, indexes
-
-    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
-        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
-        # each draw returns row 0 with NaN weights: refuse it before it gets there.
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
-            raise ValueError("priorities must be finite and >= 0")
-        with self.lock:
-            self.buffer.update_priorities(indexes, priorities)
-            self.priority[indexes] = priorities
-
-    def max_priority(self) -> float:
-        with self.lock:
-            return float(self.buffer.get_max_priority())
-
-    def load_priorities(self, priority: np.ndarray, max_priority: float) -> None:
-        with self.lock:
-            self.buffer.update_priorities(np.arange(len(priority)), priority)
-            # cpprb only ever raises its max: raise it on slot 0, then restore slot 0.
-            self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
-            self.buffer.update_priorities(np.array([0]), priority[:1])
-            self.priority[:] = priority
-
 
 def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
     """What the learner gets for one call: (batches[K, B, ...] on the device(s), row indexes[K * B]).
@@ -749,11 +918,6 @@ def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional
     batch, indexes = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
     return jax.device_put(batch, sharding), indexes
-
-
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start -> end linearly over `duration`, then end."""
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -859,18 +1023,8 @@ class PriorityWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Learner
+# Devices
 # ---------------------------------------------------------------------------------------------
-
-class TrainState(NamedTuple):
-    params: Any
-    opt_state: Any
-    sgd_steps: jax.Array
-
-
-def make_optimizer(args: Args) -> optax.GradientTransformation:
-    return optax.adam(optax.linear_schedule(args.learning_rate, 0.0, args.total_updates))
-
 
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
@@ -905,35 +1059,178 @@ def local_copy(tree):
     return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
 
 
-def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings: Shardings):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, priorities[K, B]): K SGD steps, with the
-    state on shardings.replicated and the batches split by shardings.batch (learner_shardings)."""
-    mean, std = jnp.asarray(stats.mean), jnp.asarray(stats.std)
+# ---------------------------------------------------------------------------------------------
+# The run: folder, resume, counters, threads, logging, evaluations, checkpoints
+# ---------------------------------------------------------------------------------------------
 
-    def loss_fn(params, batch):
-        losses, priorities = per_example_loss(policy, mode, params, (batch["obs"] - mean) / std, batch["action"])
-        return jnp.mean(batch["weights"] * losses), priorities
+class Run:
+    """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
+    checkpoint, the update counter, the prefetch and priority-writer threads, the devices,
+    logging and the progress line, evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:`
+    stops the threads however the loop ends)."""
 
-    def sgd_step(state: TrainState, batch: dict):
-        (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        # A step whose new parameters are not finite reports NaN priorities, so the priority
-        # writer stops the run here rather than one call later (after a checkpoint, maybe).
-        priorities = jnp.where(jnp.isfinite(optax.global_norm(params)), priorities, jnp.nan)
-        return TrainState(params, opt_state, state.sgd_steps + 1), (loss, priorities)
+    def __init__(self, args: Args, data: TrainingData, stats: ObsStats, replay: PrioritizedDataset, act,
+                 shardings: Shardings):
+        self.args, self.data, self.stats, self.replay, self.act = args, data, stats, replay, act
+        self.shardings = shardings
+        self.prefetcher: Optional[Prefetcher] = None
+        self.stop = StopRequest()
+        self.metrics: dict = {}
+        self.last_eval = "-"
 
-    def update(state: TrainState, batches: dict):
-        state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
-        return state, {"losses/bc_loss": loss.mean()}, priorities
+    @property
+    def stopped(self) -> bool:
+        return self.stop.signum is not None
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    def restore(self, state: TrainState) -> TrainState:
+        """The state of the --resume checkpoint (with the dataset's priorities), or the fresh one
+        given; then the run folder, the logger and the counters. The state goes on the learner's
+        devices."""
+        args, data = self.args, self.data
+        if args.resume:
+            ckpt = os.path.join(args.resume, "checkpoint.npz")
+            meta, arrays = load_npz(ckpt, "checkpoint")
+            if meta.get("digest") != data.digest:
+                raise ConfigError(f"--resume {args.resume}: the dataset differs from the one this run trained on")
+            state = restore_tree(state, arrays, "train_state/", ckpt)
+            priority = check_array(arrays, "priority", self.replay.priority.shape, np.float64, ckpt)
+            max_priority = float(check_array(arrays, "max_priority", (), np.float64, ckpt))
+            if not (np.isfinite(priority).all() and (priority >= 0).all()
+                    and np.isfinite(max_priority) and max_priority > 0):
+                raise ConfigError(f"{ckpt}: priorities out of range")
+            self.replay.load_priorities(priority, max_priority)
+            saved_total = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
+            note = (f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
+                    if saved_total not in (None, args.total_updates) else "")
+            print(f"resumed {args.resume} at update {int(state.sgd_steps)}{note}")
+        state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+        self.act_params = local_copy(state.params)
 
+        self.run_dir = args.run_dir or os.path.join(
+            "runs", f"{data.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+        os.makedirs(self.run_dir, exist_ok=True)
+        for name in os.listdir(self.run_dir):
+            if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+                os.remove(os.path.join(self.run_dir, name))
+        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
+            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
+        # evaluation is done again, so its row goes too).
+        self.updates = self.before = int(state.sgd_steps)
+        updates = self.updates
+        self.logger = Logger(self.run_dir, (updates if updates < args.total_updates else updates - 1)
+                             if args.resume else None, args)
+        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args),
+                     "env_id": data.env_id, "mode": data.mode, "out_dim": data.out_dim, "ref_min": data.ref_min,
+                     "ref_max": data.ref_max}
+        self.stats_arrays = {"obs_mean": self.stats.mean, "obs_std": self.stats.std}
+        self.saved = {"step": updates if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
+        self.window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
+        self.console = Console(args.total_updates, updates, "updates")
+        self.writer = PriorityWriter(self.replay, write=args.prioritized)  # with alpha = 0 a write changes nothing
+        return state
 
-def make_act(policy: Policy, mode: str):
-    """jit(params, obs, mean, std) -> deterministic action (index, or in [-1, 1])."""
-    return jax.jit(lambda params, obs, mean, std: deterministic_action(policy, mode, params, (obs - mean) / std))
+    def next_batches(self):
+        """(batches[K, B, ...] on the devices, row indexes) from the prefetch thread, which starts at
+        the first call (so its first draws see the beta train() set). The last call, when K does
+        not divide --total-updates, samples its shorter batch here (compiled once more)."""
+        args = self.args
+        steps = self.steps = min(args.updates_per_call, args.total_updates - self.updates)
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
+                                                           args.updates_per_call, self.shardings.batch),
+                                         args.prefetch_size)
+        self.t0 = time.perf_counter()
+        if steps == args.updates_per_call:
+            batches = self.prefetcher.get()
+        else:
+            batches = sample_batches(self.replay, args.batch_size, steps, self.shardings.batch)
+        self.window["wait"] += time.perf_counter() - self.t0
+        return batches
+
+    def learned(self, state: TrainState, metrics: dict, indexes, priorities) -> None:
+        """After an update call: queue its priorities for the writer thread, count its updates,
+        take the evaluation copy of the new parameters."""
+        self.writer.submit(indexes, priorities, self.updates)
+        self.window["learn"] += time.perf_counter() - self.t0
+        self.before, self.updates = self.updates, self.updates + self.steps
+        self.metrics = metrics
+        self.act_params = local_copy(state.params)
+
+    def crossed(self, every: int) -> bool:
+        """Whether the last update call passed a multiple of `every`."""
+        return bool(every) and self.updates // every > self.before // every
+
+    def evaluate(self, prefix: str) -> Tuple[np.ndarray, float]:
+        video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
+        returns = evaluate(self.act, self.act_params, self.stats, self.data.env_id, self.args.eval_episodes,
+                           self.args.seed + 10_000, video)
+        score = normalized_score(returns, self.data.ref_min, self.data.ref_max)
+        self.logger.eval(self.updates, returns, score, video)
+        self.last_eval = f"{returns.mean():.1f} (score {score:.1f})"
+        return returns, score
+
+    def evaluate_if_due(self) -> None:
+        if self.crossed(self.args.eval_every) and self.updates < self.args.total_updates:  # the final one: finish()
+            self.evaluate(f"eval-update-{self.updates}")
+
+    def log_if_due(self) -> None:
+        if not self.crossed(self.args.log_every):
+            return
+        now, window, updates = time.perf_counter(), self.window, self.updates
+        scalars = {"perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
+                   "perf/learner_wait_fraction": window["wait"] / window["learn"],
+                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
+                   **{k: float(v) for k, v in self.metrics.items()}}
+        self.logger.scalars(updates, scalars)
+        fields = f"loss {scalars['losses/bc_loss']:.4f}  eval {self.last_eval}"
+        rate = scalars["perf/updates_per_second"]
+        self.console.update(updates, rate, fields, f"update {updates:>7d}  updates/s {rate:7.0f}  {fields}")
+        window.update(time=now, updates=updates, wait=0.0, learn=0.0)
+
+    def checkpoint(self, state: TrainState) -> None:
+        self.writer.flush()
+        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "digest": self.data.digest},
+                        {**tree_arrays("train_state/", state), **self.stats_arrays,
+                         "priority": self.replay.priority.copy(),
+                         "max_priority": np.asarray(self.replay.max_priority(), np.float64)},
+                        self.updates, self.saved["step"], self.args.keep_checkpoints)
+        self.saved.update(step=self.updates, time=time.monotonic())
+
+    def checkpoint_if_due(self, state: TrainState) -> None:
+        minutes = self.args.checkpoint_minutes
+        if self.crossed(self.args.checkpoint_every) or (minutes and time.monotonic() - self.saved["time"] >= 60 * minutes):
+            self.checkpoint(state)
+
+    def __enter__(self):
+        self.stop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        self.console.end()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
+
+    def finish(self, state: TrainState) -> dict:
+        """The last checkpoint; then, unless a signal stopped the run, model.npz, the final
+        evaluation and curve.png."""
+        self.checkpoint(state)
+        run_dir, updates = self.run_dir, self.updates
+        if self.stopped:
+            self.logger.close()
+            print(f"stopped by signal {self.stop.signum} at update {updates}; continue with --resume {run_dir}",
+                  flush=True)
+            return {"run_dir": run_dir, "updates": updates, "signal": self.stop.signum}
+        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
+                        {**tree_arrays("params/", state.params), **self.stats_arrays})
+        returns, score = self.evaluate(f"final-update-{updates}")
+        self.logger.close()
+        write_curve(run_dir)
+        print(f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
+              f"normalised score {score:.1f}; run dir {run_dir}", flush=True)
+        return {"run_dir": run_dir, "updates": updates, "eval_mean": float(returns.mean()), "score": score}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -969,8 +1266,50 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
     return float(100.0 * (returns.mean() - ref_min) / (ref_max - ref_min))
 
 
+def model_from_file(path: str) -> Tuple[dict, Policy, Any, ObsStats]:
+    """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = load_npz(path, kind)
+    saved = args_from_json(meta.get("args"), path)
+    env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
+    if not (isinstance(env_id, str) and ":" not in env_id and mode in ("discrete", "mse", "nll")
+            and type(out_dim) is int and out_dim > 0
+            and all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))):
+        raise ConfigError(f"{path}: env_id, mode, out_dim or reference scores in meta.json are not valid")
+    mean = arrays.get("obs_mean")
+    obs_dim = mean.shape[0] if isinstance(mean, np.ndarray) and mean.ndim == 1 else 0
+    stats = ObsStats(check_array(arrays, "obs_mean", (obs_dim,), np.float32, path),
+                     check_array(arrays, "obs_std", (obs_dim,), np.float32, path))
+    policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
+    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    prefix = "train_state/params/" if kind == "checkpoint" else "params/"
+    params = restore_tree(template, arrays, prefix, path)
+    return meta, policy, params, stats
+
+
+def run_eval_only(args: Args) -> np.ndarray:
+    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
+    meta, policy, params, stats = model_from_file(path)
+    envs = make_env(meta["env_id"], 1)
+    obs_shape, space = envs.single_observation_space.shape, envs.single_action_space
+    envs.close()
+    discrete = isinstance(space, gym.spaces.Discrete)
+    if int(np.prod(obs_shape)) != len(stats.mean) or (meta["mode"] == "discrete") != discrete or \
+            meta["out_dim"] != (int(space.n) if discrete else space.shape[0]):
+        raise ConfigError(f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
+                          f"{meta['env_id']} has observations {obs_shape} and actions {space}")
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
+    returns = evaluate(make_act(policy, meta["mode"]), params, stats, meta["env_id"],
+                       args.eval_episodes, args.seed + 10_000, video)
+    score = normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
+    print(f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+          f"episodes, normalised score {score:.1f}")
+    return returns
+
+
 # ---------------------------------------------------------------------------------------------
-# Checkpoints and logging
+# Checkpoint and model files
 # ---------------------------------------------------------------------------------------------
 
 # A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
@@ -1142,6 +1481,10 @@ def args_from_json(saved, path: str) -> Args:
     return args
 
 
+# ---------------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------------
+
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
     with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
@@ -1280,6 +1623,10 @@ def write_curve(run_dir: str) -> Optional[str]:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Command line, resume and signals
+# ---------------------------------------------------------------------------------------------
+
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
     names, given = {f.name for f in dataclasses.fields(Args)}, set()
@@ -1343,88 +1690,6 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-# ---------------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------------
-
-class TrainingData(NamedTuple):
-    dataset: Dataset   # after --top-fraction, continuous actions mapped to [-1, 1]
-    env_id: str
-    mode: str          # "discrete", "mse" or "nll"
-    out_dim: int       # number of actions (discrete) or action dimensions
-    ref_min: Optional[float]
-    ref_max: Optional[float]
-    digest: str        # fingerprint of the training data, checked on --resume
-
-
-def load_training_data(args: Args) -> TrainingData:
-    datasets = [read_dataset(p) for p in args.dataset]
-    ds = concatenate(datasets, args.dataset)
-    env_id = args.env_id or ds.metadata.get("env_id")
-    if not env_id:
-        raise ConfigError(f"{args.dataset[0]}: no env_id in the metadata; give --env-id")
-    envs = make_env(env_id, 1)
-    try:
-        for one, path in zip(datasets, args.dataset):
-            check_dataset_matches_env(one, envs, path)
-        space = envs.single_action_space
-        discrete = isinstance(space, gym.spaces.Discrete)
-    finally:
-        envs.close()
-    if args.top_fraction < 1.0:
-        mask = top_fraction_mask(ds, args.top_fraction)
-        ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
-    if not discrete:  # the policy works in [-1, 1]; map the dataset's actions there once
-        ds = ds._replace(actions=from_env_action(ds.actions, space.low, space.high).astype(np.float32))
-    ref_min = args.ref_min_score if args.ref_min_score is not None else ds.metadata.get("ref_min_score")
-    ref_max = args.ref_max_score if args.ref_max_score is not None else ds.metadata.get("ref_max_score")
-    digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
-    return TrainingData(ds, env_id, "discrete" if discrete else args.loss,
-                        int(space.n) if discrete else space.shape[0], ref_min, ref_max, digest)
-
-
-def model_from_file(path: str) -> Tuple[dict, Policy, Any, ObsStats]:
-    """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    meta, arrays = load_npz(path, kind)
-    saved = args_from_json(meta.get("args"), path)
-    env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
-    if not (isinstance(env_id, str) and ":" not in env_id and mode in ("discrete", "mse", "nll")
-            and type(out_dim) is int and out_dim > 0
-            and all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))):
-        raise ConfigError(f"{path}: env_id, mode, out_dim or reference scores in meta.json are not valid")
-    mean = arrays.get("obs_mean")
-    obs_dim = mean.shape[0] if isinstance(mean, np.ndarray) and mean.ndim == 1 else 0
-    stats = ObsStats(check_array(arrays, "obs_mean", (obs_dim,), np.float32, path),
-                     check_array(arrays, "obs_std", (obs_dim,), np.float32, path))
-    policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
-    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
-    prefix = "train_state/params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, arrays, prefix, path)
-    return meta, policy, params, stats
-
-
-def run_eval_only(args: Args) -> np.ndarray:
-    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
-    meta, policy, params, stats = model_from_file(path)
-    envs = make_env(meta["env_id"], 1)
-    obs_shape, space = envs.single_observation_space.shape, envs.single_action_space
-    envs.close()
-    discrete = isinstance(space, gym.spaces.Discrete)
-    if int(np.prod(obs_shape)) != len(stats.mean) or (meta["mode"] == "discrete") != discrete or \
-            meta["out_dim"] != (int(space.n) if discrete else space.shape[0]):
-        raise ConfigError(f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
-                          f"{meta['env_id']} has observations {obs_shape} and actions {space}")
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
-    returns = evaluate(make_act(policy, meta["mode"]), params, stats, meta["env_id"],
-                       args.eval_episodes, args.seed + 10_000, video)
-    score = normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
-    print(f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
-          f"episodes, normalised score {score:.1f}")
-    return returns
-
-
 def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
@@ -1439,132 +1704,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         return {"eval_mean": float(returns.mean())}
     if not args.dataset:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
-
-    shardings = learner_shardings(args)
-    ds, env_id, mode, out_dim, ref_min, ref_max, digest = load_training_data(args)
-    stats = obs_stats(ds.observations, args.normalize_obs)
-    policy = Policy(out_dim, args.hidden_sizes, mode == "nll")
-    optimizer = make_optimizer(args)
-    params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, ds.observations.shape[1])))
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-    alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.per_weight_norm)
-    update = make_update(policy, mode, optimizer, stats, shardings)
-    act = make_act(policy, mode)
-    print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {env_id}, loss {mode}")
-
-    if args.resume:
-        ckpt = os.path.join(args.resume, "checkpoint.npz")
-        meta, arrays = load_npz(ckpt, "checkpoint")
-        if meta.get("digest") != digest:
-            raise ConfigError(f"--resume {args.resume}: the dataset differs from the one this run trained on")
-        state = restore_tree(state, arrays, "train_state/", ckpt)
-        priority = check_array(arrays, "priority", replay.priority.shape, np.float64, ckpt)
-        max_priority = float(check_array(arrays, "max_priority", (), np.float64, ckpt))
-        if not (np.isfinite(priority).all() and (priority >= 0).all()
-                and np.isfinite(max_priority) and max_priority > 0):
-            raise ConfigError(f"{ckpt}: priorities out of range")
-        replay.load_priorities(priority, max_priority)
-        saved_total = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
-        note = (f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
-                if saved_total not in (None, args.total_updates) else "")
-        print(f"resumed {args.resume} at update {int(state.sgd_steps)}{note}")
-    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-    run_dir = args.run_dir or os.path.join(
-        "runs", f"{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    for name in os.listdir(run_dir):
-        if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
-            os.remove(os.path.join(run_dir, name))
-    write_atomic(os.path.join(run_dir, "args.json"),
-                 lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
-    # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
-    # evaluation is done again, so its row goes too).
-    updates = int(state.sgd_steps)
-    keep_until = updates if updates < args.total_updates else updates - 1
-    logger = Logger(run_dir, keep_until if args.resume else None, args)
-    meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": env_id,
-            "mode": mode, "out_dim": out_dim, "ref_min": ref_min, "ref_max": ref_max}
-    stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
-
-    saved = {"step": updates if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
-
-    def checkpoint():
-        writer.flush()
-        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "digest": digest},
-                        {**tree_arrays("train_state/", state), **stats_arrays, "priority": replay.priority.copy(),
-                         "max_priority": np.asarray(replay.max_priority(), np.float64)},
-                        updates, saved["step"], args.keep_checkpoints)
-        saved.update(step=updates, time=time.monotonic())
-
-    def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
-        return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
-
-    def run_eval(step, video):
-        returns = evaluate(act, local_copy(state.params), stats, env_id, args.eval_episodes, args.seed + 10_000, video)
-        score = normalized_score(returns, ref_min, ref_max)
-        logger.eval(step, returns, score, video)
-        return returns, score
-
-    # beta before the prefetch thread starts: its first draws happen before the loop sets it.
-    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
-    prefetcher = Prefetcher(functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
-                                              shardings.batch), args.prefetch_size)
-    writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
-    window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
-    last_eval, metrics = "-", {}
-    console = Console(args.total_updates, updates, "updates")
-    stop = StopRequest()
-    try:
-        with stop:
-            while updates < args.total_updates and stop.signum is None:
-                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, updates)
-                steps = min(args.updates_per_call, args.total_updates - updates)
-                t0 = time.perf_counter()
-                if steps == args.updates_per_call:
-                    batches, indexes = prefetcher.get()
-                else:  # the last call, when K does not divide --total-updates (compiled once more)
-                    batches, indexes = sample_batches(replay, args.batch_size, steps, shardings.batch)
-                t1 = time.perf_counter()
-                state, metrics, priorities = update(state, batches)
-                writer.submit(indexes, priorities, updates)
-                window["wait"] += t1 - t0
-                window["learn"] += time.perf_counter() - t0
-                before, updates = updates, updates + steps
-                if updates // args.eval_every > before // args.eval_every and updates < args.total_updates:
-                    returns, score = run_eval(updates, film(f"eval-update-{updates}"))
-                    last_eval = f"{returns.mean():.1f} (score {score:.1f})"
-                if updates // args.log_every > before // args.log_every:
-                    now = time.perf_counter()
-                    scalars = {"perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
-                               "perf/learner_wait_fraction": window["wait"] / window["learn"],
-                               "replay/beta": replay.beta, "replay/priority_max": replay.max_priority(),
-                               **{k: float(v) for k, v in metrics.items()}}
-                    logger.scalars(updates, scalars)
-                    fields = f"loss {scalars['losses/bc_loss']:.4f}  eval {last_eval}"
-                    rate = scalars["perf/updates_per_second"]
-                    console.update(updates, rate, fields, f"update {updates:>7d}  updates/s {rate:7.0f}  {fields}")
-                    window.update(time=now, updates=updates, wait=0.0, learn=0.0)
-                if ((args.checkpoint_every and updates // args.checkpoint_every > before // args.checkpoint_every)
-                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
-                    checkpoint()
-    finally:
-        console.end()
-        prefetcher.close()
-        writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
-    checkpoint()
-    if stop.signum is not None:
-        logger.close()
-        print(f"stopped by signal {stop.signum} at update {updates}; continue with --resume {run_dir}", flush=True)
-        return {"run_dir": run_dir, "updates": updates, "signal": stop.signum}
-    save_npz_atomic(os.path.join(run_dir, "model.npz"), {**meta, "kind": "model"},
-                    {**tree_arrays("params/", state.params), **stats_arrays})
-    returns, score = run_eval(updates, film(f"final-update-{updates}"))
-    logger.close()
-    write_curve(run_dir)
-    print(f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
-          f"normalised score {score:.1f}; run dir {run_dir}", flush=True)
-    return {"run_dir": run_dir, "updates": updates, "eval_mean": float(returns.mean()), "score": score}
+    return train(args)
 
 
 def cli(argv=None) -> int:

@@ -59,6 +59,13 @@ Pixels (Atari)
   --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
   source). On a CPU this is slow (about 90 env steps/s while learning on 2 cores; README).
 
+Map of this file
+  Part 1, the algorithm: Args (the flags) and ATARI_PRESET, QNetwork, NStepAssembler,
+  PrioritizedReplay, the learner (double_q_loss, make_update), acting (make_act) and train(),
+  the loop. Part 2, the machinery, which a reader may skip: flag checks, envs and pixels
+  (FrameStore), the prefetch and priority threads, devices, Run (run folder, resume, counters,
+  logging, evaluations, checkpoints), evaluation and datasets, files, the command line.
+
 Run
   python algos/dqn_prioritized.py                          # CartPole-v1, solves it (eval 500)
   python algos/dqn_prioritized.py --env-id Acrobot-v1 --seed 2
@@ -129,8 +136,15 @@ SCRIPT = "dqn_prioritized"
 CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
 
 
+# =============================================================================================
+# PART 1: THE ALGORITHM
+# Flags, network, n-step returns, prioritized replay, loss and update, acting, and the loop.
+# =============================================================================================
+
+
 @dataclass
 class Args:
+    # Algorithm
     env_id: str = "CartPole-v1"
     """gymnasium id of an environment with a Discrete action space; vector observations get the
     MLP, image observations (e.g. ALE/Breakout-v5) the Atari preprocessing and the Nature CNN"""
@@ -154,8 +168,6 @@ class Args:
     """decay the learning rate linearly to 0 over training, which steadies the final policy"""
     max_grad_norm: float = 10.0
     """clip the global gradient norm to this value"""
-    buffer_size: int = 50_000
-    """replay capacity, in transitions"""
     batch_size: int = 128
     """transitions per SGD step"""
     gamma: float = 0.99
@@ -186,6 +198,9 @@ class Args:
     """final exploration epsilon"""
     exploration_fraction: float = 0.2
     """fraction of --total-timesteps over which epsilon decays linearly"""
+    # Replay
+    buffer_size: int = 50_000
+    """replay capacity, in transitions"""
     prioritized: bool = True
     """prioritized replay; --no-prioritized samples uniformly through the same code (alpha = 0)"""
     per_alpha: float = 0.6
@@ -197,6 +212,7 @@ class Args:
     per_weight_norm: Literal["batch", "buffer"] = "batch"
     """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
     whole buffer (cpprb's rule, which a single well-fitted transition can shrink; see README)"""
+    # Learner machinery
     updates_per_call: int = 32
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
@@ -204,6 +220,7 @@ class Args:
     num_devices: int = 1
     """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
     parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
+    # Run and output
     eval_every: int = 10_000
     """environment steps between evaluations"""
     eval_episodes: int = 10
@@ -272,6 +289,477 @@ ATARI_PRESET = dict(
     log_every=10_000,
 )  # per_alpha 0.6, per_beta0 0.4 -> 1, gamma 0.99, Huber delta 1, 4-frame stacks: the defaults
 
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+
+class QNetwork(nn.Module):
+    """Q(s, .): an MLP on vectors; on stacked frames [B, stack, H, W] the convolutions of the Nature
+    DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari)."""
+    num_actions: int
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if obs.ndim == 4:
+            # uint8 in, scaled here: the replay and the device transfer carry bytes, not floats.
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+            for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+                x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
+            x = x.reshape((x.shape[0], -1))
+        else:
+            x = obs.astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: n-step assembly and the prioritized buffer
+# ---------------------------------------------------------------------------------------------
+
+class NStepAssembler:
+    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
+
+    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
+      * nothing while fewer than n steps are pending and the episode goes on;
+      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
+        step and discount gamma^n, once n are pending;
+      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
+        the real final observation, and discount gamma^k if the episode was truncated (the state
+        was not terminal, so the return still bootstraps) or 0 if it terminated.
+    """
+
+    def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype,
+                 clip_reward: Optional[float] = None):
+        self.n, self.clip_reward = n, clip_reward
+        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
+        self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
+        self.action = np.zeros((n, num_envs), np.int64)
+        self.reward = np.zeros((n, num_envs), np.float32)
+        self.pending = np.zeros(num_envs, np.int64)
+        self.all_full = False  # every env has n pending steps: the common case, kept cheap
+        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
+        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
+        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
+        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
+
+    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
+        """Transitions of `envs` that started `ages` steps before the latest step."""
+        first = self.t - 1 - ages
+        k = ages + 1  # rewards in each transition
+        offsets = np.arange(self.n)
+        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
+        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
+                "reward": ret.astype(np.float32), "next_obs": next_obs,
+                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
+
+    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
+        """Add one vector step; next_obs must hold the real final observation where done.
+
+        The arrays returned may be views of the ring: copy them before the next push.
+        """
+        if self.clip_reward is not None:
+            reward = np.clip(reward, -self.clip_reward, self.clip_reward)
+        slot = self.t % self.n
+        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
+        self.t += 1
+        done = terminated | truncated
+        if self.all_full and not done.any():
+            # Every env emits its oldest step: no per-env indexing (this runs every step).
+            oldest = self.t % self.n
+            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
+            return {"obs": self.obs[oldest], "action": self.action[oldest],
+                    "reward": ret.astype(np.float32), "next_obs": next_obs,
+                    "discount": self.n_step_discount}
+        np.minimum(self.pending + 1, self.n, out=self.pending)
+        full = (self.pending == self.n) & ~done
+        parts = []
+        if full.any():
+            envs = np.flatnonzero(full)
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
+                                    np.zeros(envs.size)))
+        if done.any():
+            ended = np.flatnonzero(done)
+            envs = np.repeat(ended, self.pending[ended])
+            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
+            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
+            self.pending[ended] = 0
+        self.all_full = bool((self.pending == self.n).all())
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+class PrioritizedReplay:
+    """Proportional prioritized replay (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer.
+
+    The PER rules, and where they are:
+      * new transitions enter with p = max_j p_j                                   (flush)
+      * P(i) = p_i^alpha / sum_j p_j^alpha, one stratified draw of B per minibatch (_sample_rows)
+      * w_i = (N P(i))^-beta / max_{j in minibatch} w_j                            (sample)
+      * after learning, p_i = |delta_i| + eps                                      (update_priorities)
+    cpprb keeps the sum tree, adds eps and raises to alpha. The rest of the class makes it safe
+    for the three threads that touch it:
+
+    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
+      (writer thread); cpprb itself is not thread-safe.
+    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
+      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
+    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
+      counts it saw; its priorities are written back only where the count has not moved, so a
+      |TD| computed for an old transition never lands on the new one that replaced it.
+    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
+      back, so a checkpoint can save and restore them.
+    """
+
+    STAGE_ROWS = 128
+
+    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float,
+                 frames: Optional[FrameStore] = None, weight_norm: str = "batch"):
+        self.capacity, self.frames, self.weight_norm = capacity, frames, weight_norm
+        if frames is not None:  # rows hold the frame numbers of the two stacks
+            obs_shape, obs_dtype = (FRAME_STACK,), np.int64
+        shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (),
+                  "discount": ()}
+        dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64, "reward": np.float32,
+                  "discount": np.float32}
+        spec = {k: {"shape": shapes[k] or 1, "dtype": dtypes[k]} for k in shapes}  # cpprb: 1, not ()
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+        self.lock = threading.Lock()
+        self.write_count = np.zeros(capacity, np.int64)
+        self.priority = np.zeros(capacity, np.float64)
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], dtypes[k]) for k in shapes}
+        self.staged = 0
+        self.redrawn = 0
+
+    def add(self, batch: Optional[dict]) -> None:
+        if batch is None:
+            return
+        rows = len(batch["action"])
+        start = 0
+        while start < rows:
+            take = min(rows - start, self.STAGE_ROWS - self.staged)
+            for key, column in self.stage.items():
+                column[self.staged:self.staged + take] = batch[key][start:start + take]
+            self.staged += take
+            start += take
+            if self.staged == self.STAGE_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand staged rows to cpprb at the current max priority: p_new = max_j p_j (the paper's
+        rule for new data, so that each is replayed at least once soon)."""
+        if not self.staged:
+            return
+        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        with self.lock:
+            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
+            self.buffer.add(**rows)
+            np.add.at(self.write_count, slots, 1)
+            self.priority[slots] = self.buffer.get_max_priority()
+        self.staged = 0
+
+    def _sample_rows(self, batch_size: int, num_batches: int, beta: float) -> Tuple[dict, np.ndarray, np.ndarray]:
+        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
+        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
+        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
+        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
+        # One call per minibatch, all under one lock so that the K see one tree.
+        with self.lock:
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=beta)
+                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
+                draws.append(draw)
+            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+            indexes = batch.pop("indexes")
+            stamps = self.write_count[indexes]
+        batch["action"] = batch["action"].reshape(-1)
+        for key in ("reward", "discount", "weights"):
+            batch[key] = batch[key].reshape(-1).astype(np.float32)
+        return batch, indexes, stamps
+
+    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
+        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
+        indexes, their write counts) at the current beta.
+
+        With a FrameStore the frame numbers become pixels here, on the prefetch thread; a row
+        whose frames were overwritten is replaced by a fresh draw (counted in self.redrawn)."""
+        beta = self.beta  # one beta for the whole call, redraws included
+        batch, indexes, stamps = self._sample_rows(batch_size, num_batches, beta)
+        if self.frames is not None:
+            obs, obs_ok = self.frames.read(batch["obs"])
+            next_obs, next_ok = self.frames.read(batch["next_obs"])
+            bad = np.flatnonzero(~(obs_ok & next_ok))
+            while bad.size:
+                # Row by row: redrawing whole minibatches would rarely succeed once a few percent
+                # of rows are stale. A redrawn row's cpprb weight is relative to the smallest
+                # priority at its own draw, which a flush in between can change (not measured).
+                self.redrawn += bad.size
+                fresh, indexes[bad], stamps[bad] = self._sample_rows(bad.size, 1, beta)
+                for key, column in fresh.items():
+                    batch[key][bad] = column
+                obs[bad], obs_ok = self.frames.read(fresh["obs"])
+                next_obs[bad], next_ok = self.frames.read(fresh["next_obs"])
+                bad = bad[~(obs_ok & next_ok)]
+            batch["obs"], batch["next_obs"] = obs, next_obs
+        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
+            weights = batch["weights"].reshape(num_batches, batch_size)
+            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
+        return batch, indexes, stamps
+
+    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
+        """p_i = |delta_i| (+ eps, by cpprb), where the slot still holds the sampled transition;
+        returns the rows kept."""
+        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
+        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+            raise ValueError("priorities must be finite and >= 0")
+        with self.lock:
+            fresh = self.write_count[indexes] == stamps
+            if fresh.any():
+                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
+                self.priority[indexes[fresh]] = priorities[fresh]
+        return int(fresh.sum())
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def state_dict(self) -> dict:
+        """Flat arrays, named as in the checkpoint file."""
+        self.flush()
+        with self.lock:
+            stored = self.buffer.get_stored_size()
+            rows = self.buffer.get_all_transitions() if stored else {
+                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
+            state = {f"replay/{k}": v for k, v in rows.items()}
+            state.update({"replay/priority": self.priority[:stored].copy(),
+                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
+                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
+        if self.frames is not None:
+            state.update(self.frames.state_dict())
+        return state
+
+    def load_state_dict(self, arrays: dict, path: str) -> None:
+        """Check every array against this replay's layout (the file may be hostile), then rebuild
+        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
+        prio = arrays.get("replay/priority")
+        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
+        if not 0 <= stored <= self.capacity:
+            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
+        check_array(arrays, "replay/priority", (stored,), np.float64, path)
+        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
+        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
+        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
+                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
+            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
+        data = {}
+        for key, column in self.stage.items():
+            # cpprb hands back scalar columns as [rows, 1]
+            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
+        if self.frames is not None:
+            self.frames.load_state_dict(arrays, path)
+            numbers = np.concatenate([data["obs"].ravel(), data["next_obs"].ravel()])
+            if stored and (numbers.min() < 0 or numbers.max() >= self.frames.written):
+                raise ConfigError(f"{path}: the replay names frames that were never written")
+        with self.lock:
+            self.buffer.clear()
+            if stored:
+                self.buffer.add(**data, priorities=prio)
+                if stored == self.capacity and k:
+                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
+                    # insert overwrites the oldest transition, as it would have.
+                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
+                # then put slot 0's own priority back.
+                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
+                self.buffer.update_priorities(np.array([0]), prio[:1])
+                self.priority[:stored] = prio
+            self.write_count[:] = 0
+        self.staged = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class TrainState(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    sgd_steps: jax.Array
+
+
+def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
+    lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
+          if args.anneal_lr else args.learning_rate)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr, eps=args.adam_eps))
+
+
+def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
+    """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
+    q_tm1 = q_apply(params, batch["obs"])
+    # The online net at s' only selects a*: no gradient flows there (rlax stops it as well), and a
+    # forward pass of its own keeps s' out of the backward pass. One pass over s and s' together
+    # cost more: 1.3x per SGD step for the MLP, 1.6-1.8x for the Nature CNN (measured on CPU).
+    q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
+    q_t_value = q_apply(target_params, batch["next_obs"])
+    td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
+                                          q_t_value, q_t_selector)
+    loss = jnp.mean(batch["weights"] * rlax.huber_loss(td, huber_delta))
+    q_taken = jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1)
+    return loss, (td, q_taken.mean())
+
+
+def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
+    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
+
+    The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
+    is for convolutions on CPU: XLA's CPU backend runs them 6-10x slower inside a loop (measured
+    for the Nature CNN at B=32: ~240 ms per SGD step in a scan, ~37 ms unrolled), at the price of
+    a compile time that grows with K (~22 s for K=32). The state must be on the devices of
+    learner_shardings(args) (jax.device_put(state, shardings.replicated)).
+    """
+    shardings = learner_shardings(args)
+
+    def sgd_step(state: TrainState, batch: dict):
+        grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
+        (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch,
+                                              args.huber_delta)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        sgd_steps = state.sgd_steps + 1
+        target_params = optax.periodic_update(
+            optax.incremental_update(params, state.target_params, args.tau),
+            state.target_params, sgd_steps, args.target_network_frequency)
+        # A step whose new parameters are not finite reports NaN priorities, so the priority
+        # writer stops the run here rather than one call later (after a checkpoint, maybe).
+        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
+        return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
+
+    def update(state: TrainState, batches: dict):
+        if unroll:
+            steps = []
+            for k in range(batches["action"].shape[0]):
+                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x: x[k], batches))
+                steps.append(out)
+            loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
+        else:
+            state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
+        return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
+
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+
+
+def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
+    params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    # A copy, not the same arrays: the update donates its input state, and one buffer cannot be
+    # donated twice.
+    target_params = jax.tree_util.tree_map(jnp.copy, params)
+    return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting
+# ---------------------------------------------------------------------------------------------
+
+def make_act(q_apply, num_actions: int):
+    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy.
+
+    One uniform u per env decides both things: explore if u < epsilon, and then u / epsilon is
+    itself uniform on [0, 1) and picks the random action. The key is fold_in(key, step), so no
+    key has to be carried out of the call. On CPU the PRNG, not the network, dominates this
+    call, so drawing once instead of three times matters.
+    """
+
+    def act(params, obs, epsilon, key, step):
+        u = jax.random.uniform(jax.random.fold_in(key, step), (obs.shape[0],))
+        greedy = jnp.argmax(q_apply(params, obs), axis=-1)
+        random = jnp.minimum((u / epsilon * num_actions).astype(greedy.dtype), num_actions - 1)
+        return jnp.where(u < epsilon, random, greedy)
+
+    return jax.jit(act)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args) -> dict:
+    """Train with checked flags (main() checks them and merges a --resume run's own). Returns
+    {run_dir, global_step, eval_mean, sgd_steps}, or {..., signal} when a signal stopped it."""
+    # The learner's devices (one by default): parameters replicated, each batch split across them.
+    shardings = learner_shardings(args)
+    env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
+    envs = env_fn(args.num_envs)
+    num_actions, obs_space = int(envs.single_action_space.n), envs.single_observation_space
+    network = QNetwork(num_actions, args.hidden_sizes)
+    optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
+    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+    state = init_train_state(network, optimizer, obs_space.shape, init_key)
+    replay, nstep = make_replay(args, obs_space)
+    act = make_act(network.apply, num_actions)
+    update = make_update(network.apply, optimizer, args,
+                         unroll=replay.frames is not None and jax.default_backend() == "cpu")
+    # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
+    # evaluations and checkpoints: Part 2. The loop below is the algorithm.
+    run = Run(args, envs, env_fn, replay, act, shardings)
+    state, key = run.restore(state, key)
+    obs = run.reset()
+    with run:
+        while run.global_step < args.total_timesteps and not run.stopped:
+            # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                      run.global_step)
+            actions = np.asarray(act(run.act_params, obs, np.float32(epsilon), key, np.int32(run.global_step)))
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+
+            # STORE: the n-step transition. Its next observation is the one the step really led
+            # to (info["final_obs"] at an episode's end); only `terminated` (or a lost life) ends
+            # the return, a time-limit truncation bootstraps. Pixels become frame numbers.
+            stored_obs, stored_next, ends_return = run.to_replay(next_obs, terminated, truncated, info)
+            replay.add(nstep.push(stored_obs, actions, reward, stored_next, ends_return, truncated))
+            obs = next_obs
+            run.count_step(reward, terminated | truncated)
+
+            # LEARN: one SGD step per train_frequency env steps, K of them fused per jitted call;
+            # the batches come from the prefetch thread, the priorities go back on another thread.
+            for _ in range(run.update_calls_due()):
+                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, run.global_step)
+                batches, indexes, stamps = run.next_batches()
+                state, metrics, priorities = update(state, batches)
+                run.learned(state, metrics, indexes, stamps, priorities)
+
+            run.log_if_due(epsilon)
+            run.evaluate_if_due()
+            run.checkpoint_if_due(state, key)
+    return run.finish(state, key)
+
+
+# =============================================================================================
+# PART 2: THE MACHINERY
+# What makes the loop above a dependable program: a reader learning the algorithm can stop
+# here. Flag checks, envs and pixels, threads, devices, the run (folder, resume, logging,
+# evaluation, checkpoints), files, and the command line.
+# =============================================================================================
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and flag checks
+# ---------------------------------------------------------------------------------------------
 
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
@@ -343,7 +831,7 @@ def importable(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment
+# Environment and pixels
 # ---------------------------------------------------------------------------------------------
 
 FRAME_STACK = 4  # frames per image observation (Nature DQN)
@@ -469,109 +957,6 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
     return real
 
 
-# ---------------------------------------------------------------------------------------------
-# Network
-# ---------------------------------------------------------------------------------------------
-
-class QNetwork(nn.Module):
-    """Q(s, .): an MLP on vectors; on stacked frames [B, stack, H, W] the convolutions of the Nature
-    DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari)."""
-    num_actions: int
-    hidden_sizes: Tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        if obs.ndim == 4:
-            # uint8 in, scaled here: the replay and the device transfer carry bytes, not floats.
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-                x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
-            x = x.reshape((x.shape[0], -1))
-        else:
-            x = obs.astype(jnp.float32)
-        for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.num_actions)(x)
-
-
-# ---------------------------------------------------------------------------------------------
-# Replay: n-step assembly and the prioritized buffer
-# ---------------------------------------------------------------------------------------------
-
-class NStepAssembler:
-    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
-
-    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
-      * nothing while fewer than n steps are pending and the episode goes on;
-      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
-        step and discount gamma^n, once n are pending;
-      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
-        the real final observation, and discount gamma^k if the episode was truncated (the state
-        was not terminal, so the return still bootstraps) or 0 if it terminated.
-    """
-
-    def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype,
-                 clip_reward: Optional[float] = None):
-        self.n, self.clip_reward = n, clip_reward
-        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
-        self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
-        self.action = np.zeros((n, num_envs), np.int64)
-        self.reward = np.zeros((n, num_envs), np.float32)
-        self.pending = np.zeros(num_envs, np.int64)
-        self.all_full = False  # every env has n pending steps: the common case, kept cheap
-        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
-        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
-        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
-        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
-
-    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
-        """Transitions of `envs` that started `ages` steps before the latest step."""
-        first = self.t - 1 - ages
-        k = ages + 1  # rewards in each transition
-        offsets = np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
-        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
-                "reward": ret.astype(np.float32), "next_obs": next_obs,
-                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
-
-    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """Add one vector step; next_obs must hold the real final observation where done.
-
-        The arrays returned may be views of the ring: copy them before the next push.
-        """
-        if self.clip_reward is not None:
-            reward = np.clip(reward, -self.clip_reward, self.clip_reward)
-        slot = self.t % self.n
-        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
-        self.t += 1
-        done = terminated | truncated
-        if self.all_full and not done.any():
-            # Every env emits its oldest step: no per-env indexing (this runs every step).
-            oldest = self.t % self.n
-            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
-            return {"obs": self.obs[oldest], "action": self.action[oldest],
-                    "reward": ret.astype(np.float32), "next_obs": next_obs,
-                    "discount": self.n_step_discount}
-        np.minimum(self.pending + 1, self.n, out=self.pending)
-        full = (self.pending == self.n) & ~done
-        parts = []
-        if full.any():
-            envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
-                                    np.zeros(envs.size)))
-        if done.any():
-            ended = np.flatnonzero(done)
-            envs = np.repeat(ended, self.pending[ended])
-            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
-            self.pending[ended] = 0
-        self.all_full = bool((self.pending == self.n).all())
-        if len(parts) < 2:
-            return parts[0] if parts else None
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-
-
 class FrameStore:
     """Image observations kept once per frame; the replay rows hold frame numbers.
 
@@ -644,188 +1029,9 @@ class FrameStore:
         self.written = written
 
 
-class PrioritizedReplay:
-    """cpprb's PrioritizedReplayBuffer, made safe for the three threads that touch it.
-
-    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
-      (writer thread); cpprb itself is not thread-safe.
-    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
-      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
-    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
-      counts it saw; its priorities are written back only where the count has not moved, so a
-      |TD| computed for an old transition never lands on the new one that replaced it.
-    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
-      back, so a checkpoint can save and restore them.
-    """
-
-    STAGE_ROWS = 128
-
-    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float,
-                 frames: Optional[FrameStore] = None, weight_norm: str = "batch"):
-        self.capacity, self.frames, self.weight_norm = capacity, frames, weight_norm
-        if frames is not None:  # rows hold the frame numbers of the two stacks
-            obs_shape, obs_dtype = (FRAME_STACK,), np.int64
-        shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (),
-                  "discount": ()}
-        dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64, "reward": np.float32,
-                  "discount": np.float32}
-        spec = {k: {"shape": shapes[k] or 1, "dtype": dtypes[k]} for k in shapes}  # cpprb: 1, not ()
-        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
-        self.lock = threading.Lock()
-        self.write_count = np.zeros(capacity, np.int64)
-        self.priority = np.zeros(capacity, np.float64)
-        self.beta = 0.4  # set by the main loop; read by whoever samples
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], dtypes[k]) for k in shapes}
-        self.staged = 0
-        self.redrawn = 0
-
-    def add(self, batch: Optional[dict]) -> None:
-        if batch is None:
-            return
-        rows = len(batch["action"])
-        start = 0
-        while start < rows:
-            take = min(rows - start, self.STAGE_ROWS - self.staged)
-            for key, column in self.stage.items():
-                column[self.staged:self.staged + take] = batch[key][start:start + take]
-            self.staged += take
-            start += take
-            if self.staged == self.STAGE_ROWS:
-                self.flush()
-
-    def flush(self) -> None:
-        """Hand staged rows to cpprb at the current max priority (the paper's rule for new data)."""
-        if not self.staged:
-            return
-        rows = {key: column[:self.staged] for key, column in self.stage.items()}
-        with self.lock:
-            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
-            self.buffer.add(**rows)
-            np.add.at(self.write_count, slots, 1)
-            self.priority[slots] = self.buffer.get_max_priority()
-        self.staged = 0
-
-    def _sample_rows(self, batch_size: int, num_batches: int, beta: float) -> Tuple[dict, np.ndarray, np.ndarray]:
-        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
-        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
-        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
-        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
-        # One call per minibatch, all under one lock so that the K see one tree.
-        with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)
-                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
-                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
-                draws.append(draw)
-            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes")
-            stamps = self.write_count[indexes]
-        batch["action"] = batch["action"].reshape(-1)
-        for key in ("reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(-1).astype(np.float32)
-        return batch, indexes, stamps
-
-    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
-        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
-        indexes, their write counts) at the current beta.
-
-        With a FrameStore the frame numbers become pixels here, on the prefetch thread; a row
-        whose frames were overwritten is replaced by a fresh draw (counted in self.redrawn)."""
-        beta = self.beta  # one beta for the whole call, redraws included
-        batch, indexes, stamps = self._sample_rows(batch_size, num_batches, beta)
-        if self.frames is not None:
-            obs, obs_ok = self.frames.read(batch["obs"])
-            next_obs, next_ok = self.frames.read(batch["next_obs"])
-            bad = np.flatnonzero(~(obs_ok & next_ok))
-            while bad.size:
-                # Row by row: redrawing whole minibatches would rarely succeed once a few percent
-                # of rows are stale. A redrawn row's cpprb weight is relative to the smallest
-                # priority at its own draw, which a flush in between can change (not measured).
-                self.redrawn += bad.size
-                fresh, indexes[bad], stamps[bad] = self._sample_rows(bad.size, 1, beta)
-                for key, column in fresh.items():
-                    batch[key][bad] = column
-                obs[bad], obs_ok = self.frames.read(fresh["obs"])
-                next_obs[bad], next_ok = self.frames.read(fresh["next_obs"])
-                bad = bad[~(obs_ok & next_ok)]
-            batch["obs"], batch["next_obs"] = obs, next_obs
-        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
-            weights = batch["weights"].reshape(num_batches, batch_size)
-            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
-        return batch, indexes, stamps
-
-    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
-        """Write |TD| back where the slot still holds the sampled transition; returns rows kept."""
-        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
-        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
-            raise ValueError("priorities must be finite and >= 0")
-        with self.lock:
-            fresh = self.write_count[indexes] == stamps
-            if fresh.any():
-                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
-                self.priority[indexes[fresh]] = priorities[fresh]
-        return int(fresh.sum())
-
-    def max_priority(self) -> float:
-        with self.lock:
-            return float(self.buffer.get_max_priority())
-
-    def state_dict(self) -> dict:
-        """Flat arrays, named as in the checkpoint file."""
-        self.flush()
-        with self.lock:
-            stored = self.buffer.get_stored_size()
-            rows = self.buffer.get_all_transitions() if stored else {
-                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
-            state = {f"replay/{k}": v for k, v in rows.items()}
-            state.update({"replay/priority": self.priority[:stored].copy(),
-                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
-                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
-        if self.frames is not None:
-            state.update(self.frames.state_dict())
-        return state
-
-    def load_state_dict(self, arrays: dict, path: str) -> None:
-        """Check every array against this replay's layout (the file may be hostile), then rebuild
-        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
-        prio = arrays.get("replay/priority")
-        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
-        if not 0 <= stored <= self.capacity:
-            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
-        check_array(arrays, "replay/priority", (stored,), np.float64, path)
-        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
-        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
-        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
-                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
-            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
-        data = {}
-        for key, column in self.stage.items():
-            # cpprb hands back scalar columns as [rows, 1]
-            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
-        if self.frames is not None:
-            self.frames.load_state_dict(arrays, path)
-            numbers = np.concatenate([data["obs"].ravel(), data["next_obs"].ravel()])
-            if stored and (numbers.min() < 0 or numbers.max() >= self.frames.written):
-                raise ConfigError(f"{path}: the replay names frames that were never written")
-        with self.lock:
-            self.buffer.clear()
-            if stored:
-                self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and k:
-                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
-                    # insert overwrites the oldest transition, as it would have.
-                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
-                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
-                # then put slot 0's own priority back.
-                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
-                self.buffer.update_priorities(np.array([0]), prio[:1])
-                self.priority[:stored] = prio
-            self.write_count[:] = 0
-        self.staged = 0
-
+# ---------------------------------------------------------------------------------------------
+# Replay plumbing
+# ---------------------------------------------------------------------------------------------
 
 def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
     """The prioritized replay and the n-step assembler that feeds it. make_env gives flat vectors
@@ -850,11 +1056,6 @@ def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional
     batch, indexes, stamps = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
     return jax.device_put(batch, sharding), indexes, stamps
-
-
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start -> end linearly over `duration`, then end."""
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
 def next_multiple(step: int, every: int) -> Optional[int]:
@@ -965,15 +1166,8 @@ class PriorityWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Learner
+# Devices
 # ---------------------------------------------------------------------------------------------
-
-class TrainState(NamedTuple):
-    params: Any
-    target_params: Any
-    opt_state: Any
-    sgd_steps: jax.Array
-
 
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
@@ -1008,100 +1202,239 @@ def local_copy(tree):
     return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
 
 
-def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
-    lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
-          if args.anneal_lr else args.learning_rate)
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr, eps=args.adam_eps))
+# ---------------------------------------------------------------------------------------------
+# The run: folder, resume, counters, threads, logging, evaluations, checkpoints
+# ---------------------------------------------------------------------------------------------
 
+class Run:
+    """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
+    checkpoint, the step counters, the observations the replay keeps (frame numbers for pixels),
+    the prefetch and priority-writer threads, the devices, logging and the progress line,
+    evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:` stops the threads however the
+    loop ends)."""
 
-def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
-    """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
-    q_tm1 = q_apply(params, batch["obs"])
-    # The online net at s' only selects a*: no gradient flows there (rlax stops it as well), and a
-    # forward pass of its own keeps s' out of the backward pass. One pass over s and s' together
-    # cost more: 1.3x per SGD step for the MLP, 1.6-1.8x for the Nature CNN (measured on CPU).
-    q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
-    q_t_value = q_apply(target_params, batch["next_obs"])
-    td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
-                                          q_t_value, q_t_selector)
-    loss = jnp.mean(batch["weights"] * rlax.huber_loss(td, huber_delta))
-    q_taken = jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1)
-    return loss, (td, q_taken.mean())
+    def __init__(self, args: Args, envs, env_fn, replay: PrioritizedReplay, act, shardings: Shardings):
+        self.args, self.envs, self.env_fn, self.replay, self.act = args, envs, env_fn, replay, act
+        self.frames, self.shardings = replay.frames, shardings
+        self.global_step = self.episodes = 0
+        # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
+        # once the replay holds learning_starts rows, and again after a resume whose replay was not
+        # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
+        self.sgd_base, self.learn_from = 0, args.learning_starts
+        self.prefetcher: Optional[Prefetcher] = None
+        self.stop = StopRequest()
+        self.metrics: dict = {}
+        self.last_eval: Optional[str] = None
 
+    @property
+    def stopped(self) -> bool:
+        return self.stop.signum is not None
 
-def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
+    def restore(self, state: TrainState, key):
+        """(state, key) of the --resume checkpoint, or the fresh ones given; then the run folder,
+        the logger and the counters. The state goes on the learner's devices."""
+        args = self.args
+        if args.resume:
+            ckpt = os.path.join(args.resume, "checkpoint.npz")
+            meta, arrays = load_npz(ckpt, "checkpoint")
+            state = restore_tree(state, arrays, "train_state/", ckpt)
+            key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
+            self.global_step, self.episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
+            if any(name.startswith("replay/") for name in arrays):
+                self.replay.load_state_dict(arrays, ckpt)
+            rows = self.replay.buffer.get_stored_size()
+            if rows < args.learning_starts:
+                self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
+            note = (f"; learning waits for {self.learn_from - self.global_step} new rows"
+                    if self.learn_from > self.global_step else "")
+            saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+            if saved_total not in (None, args.total_timesteps):
+                note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
+            print(f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
+                  f"{rows} rows in the replay){note}")
+        state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+        self.act_params = local_copy(state.params)
+        self.sgd_done = int(state.sgd_steps)
 
-    The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
-    is for convolutions on CPU: XLA's CPU backend runs them 6-10x slower inside a loop (measured
-    for the Nature CNN at B=32: ~240 ms per SGD step in a scan, ~37 ms unrolled), at the price of
-    a compile time that grows with K (~22 s for K=32). The state must be on the devices of
-    learner_shardings(args) (jax.device_put(state, shardings.replicated)).
-    """
-    shardings = learner_shardings(args)
+        self.run_dir = args.run_dir or os.path.join(
+            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+        os.makedirs(self.run_dir, exist_ok=True)
+        for name in os.listdir(self.run_dir):
+            if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+                os.remove(os.path.join(self.run_dir, name))
+        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
+            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
+        # evaluation is done again, so its row goes too).
+        step = self.global_step
+        self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None,
+                             args)
+        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        self.saved = {"step": step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
+        self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
+        self.next_eval, self.next_log = next_multiple(step, args.eval_every), next_multiple(step, args.log_every)
+        self.next_ckpt = next_multiple(step, args.checkpoint_every)
+        self.console = Console(args.total_timesteps, step, "steps")
+        self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.lives = None
+        self.writer = PriorityWriter(self.replay, write=args.prioritized)  # with alpha = 0 a write changes nothing
+        return state, key
 
-    def sgd_step(state: TrainState, batch: dict):
-        grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
-        (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch,
-                                              args.huber_delta)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        sgd_steps = state.sgd_steps + 1
-        target_params = optax.periodic_update(
-            optax.incremental_update(params, state.target_params, args.tau),
-            state.target_params, sgd_steps, args.target_network_frequency)
-        # A step whose new parameters are not finite reports NaN priorities, so the priority
-        # writer stops the run here rather than one call later (after a checkpoint, maybe).
-        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
-        return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
+    def reset(self) -> np.ndarray:
+        """First observations. The envs restart on resume (their state is not checkpointed); the
+        seed moves with the step so that a resumed run does not replay the episodes it began with."""
+        obs = seed_envs(self.envs, self.args.seed + self.global_step)
+        if self.frames is not None:
+            self.frames.start(obs, np.arange(self.args.num_envs))
+        self.stored_obs = obs if self.frames is None else self.frames.stack.copy()
+        return obs
 
-    def update(state: TrainState, batches: dict):
-        if unroll:
-            steps = []
-            for k in range(batches["action"].shape[0]):
-                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x: x[k], batches))
-                steps.append(out)
-            loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
+    def to_replay(self, next_obs, terminated, truncated, info) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(what the replay keeps of the observation before the step, and of the one the step led
+        to, whether the step ended the return): observations, or for pixels the frame numbers of
+        their stacks; `terminated`, or with --terminal-on-life-loss also a lost life (ALE)."""
+        done = terminated | truncated
+        reached = real_next_obs(next_obs, done, info)
+        if self.frames is None:
+            stored_reached, stored_next = reached, next_obs
         else:
-            state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
-        return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
+            stored_reached, stored_next = self.frames.step(reached, next_obs, done)
+        ends_return = terminated
+        if self.args.terminal_on_life_loss and "lives" in info:  # ALE; other envs pay nothing per step
+            lost, self.lives = lost_life(info, self.lives, done)
+            ends_return = terminated | lost
+        stored_obs, self.stored_obs = self.stored_obs, stored_next
+        return stored_obs, stored_reached, ends_return
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    def count_step(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self.global_step += self.args.num_envs
+        self.ep_return += reward
+        self.ep_length += 1
+        if done.any():
+            for i in np.flatnonzero(done):
+                self.episodes += 1
+                self.logger.scalars(self.global_step, {"charts/episodic_return": self.ep_return[i],
+                                                       "charts/episodic_length": self.ep_length[i]})
+            self.ep_return[done], self.ep_length[done] = 0.0, 0
 
+    def update_calls_due(self) -> int:
+        """Jitted update calls (of --updates-per-call SGD steps) due at this step: the replay ratio
+        is one SGD step per --train-frequency env steps after learning starts."""
+        sgd_due = self.sgd_base + max(0, self.global_step - self.learn_from) // self.args.train_frequency
+        return (sgd_due - self.sgd_done) // self.args.updates_per_call
 
-def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
-    params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
-    # A copy, not the same arrays: the update donates its input state, and one buffer cannot be
-    # donated twice.
-    target_params = jax.tree_util.tree_map(jnp.copy, params)
-    return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    def next_batches(self):
+        """(batches[K, B, ...] on the devices, slot indexes, write counts) from the prefetch thread,
+        which starts at the first call (so its first draws see the beta train() set); the staged
+        inserts reach cpprb first."""
+        args = self.args
+        self.replay.flush()
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
+                                                           args.updates_per_call, self.shardings.batch),
+                                         args.prefetch_size)
+        self.t0 = time.perf_counter()
+        batches = self.prefetcher.get()
+        self.window["wait"] += time.perf_counter() - self.t0
+        return batches
+
+    def learned(self, state: TrainState, metrics: dict, indexes, stamps, priorities) -> None:
+        """After an update call: queue its priorities for the writer thread, take the acting copy
+        of the new parameters."""
+        self.writer.submit(indexes, stamps, priorities, self.sgd_done)
+        self.window["learn"] += time.perf_counter() - self.t0
+        self.sgd_done += self.args.updates_per_call
+        self.metrics = metrics
+        self.act_params = local_copy(state.params)
+
+    def log_if_due(self, epsilon: float) -> None:
+        args, step = self.args, self.global_step
+        if step < self.next_log:
+            return
+        self.next_log += args.log_every
+        now = time.perf_counter()
+        window, elapsed = self.window, now - self.window["time"]
+        scalars = {"charts/SPS": (step - window["step"]) / elapsed, "charts/epsilon": epsilon,
+                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
+                   "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed}
+        if window["learn"] > 0:
+            scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
+        if self.frames is not None:
+            scalars["replay/redrawn_rows"] = self.replay.redrawn
+        scalars.update({k: float(v) for k, v in self.metrics.items()})
+        self.logger.scalars(step, scalars)
+        fields = (f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
+                  f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}")
+        plain = step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps
+        line = f"step {step:>8d}  SPS {scalars['charts/SPS']:7.0f}  {fields}"
+        self.console.update(step, scalars["charts/SPS"], fields, line if plain else None)
+        window.update(time=now, step=step, sgd=self.sgd_done, wait=0.0, learn=0.0)
+
+    def evaluate(self, prefix: str) -> np.ndarray:
+        video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
+        returns = evaluate(self.act, self.act_params, self.env_fn, self.args.eval_episodes, self.args.eval_epsilon,
+                           self.args.seed + 10_000, video)
+        self.logger.eval(self.global_step, returns, video)
+        self.last_eval = f"{returns.mean():.1f}"
+        return returns
+
+    def evaluate_if_due(self) -> None:
+        if self.next_eval <= self.global_step < self.args.total_timesteps:  # the final one comes in finish()
+            self.next_eval += self.args.eval_every
+            self.evaluate(f"eval-step-{self.global_step}")
+
+    def checkpoint(self, state: TrainState, key) -> None:
+        self.writer.flush()
+        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
+        if self.args.checkpoint_replay:
+            arrays.update(self.replay.state_dict())
+        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "global_step": self.global_step,
+                                       "episodes": self.episodes},
+                        arrays, self.global_step, self.saved["step"], self.args.keep_checkpoints)
+        self.saved.update(step=self.global_step, time=time.monotonic())
+
+    def checkpoint_if_due(self, state: TrainState, key) -> None:
+        args = self.args
+        if ((self.next_ckpt is not None and self.global_step >= self.next_ckpt)
+                or (args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes)):
+            self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
+            self.checkpoint(state, key)
+
+    def __enter__(self):
+        self.stop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        self.console.end()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
+        self.envs.close()
+
+    def finish(self, state: TrainState, key) -> dict:
+        """The last checkpoint; then, unless a signal stopped the run, model.npz, the final
+        evaluation, curve.png and the --save-dataset file."""
+        self.checkpoint(state, key)
+        run_dir, step = self.run_dir, self.global_step
+        if self.stopped:
+            self.logger.close()
+            print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
+            return {"run_dir": run_dir, "global_step": step, "signal": self.stop.signum}
+        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
+                        tree_arrays("params/", state.params))
+        returns = self.evaluate(f"final-step-{step}")
+        self.logger.close()
+        write_curve(run_dir)
+        if self.args.save_dataset:
+            save_dataset(self.args.save_dataset, self.act, self.act_params, self.env_fn, self.args)
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
+        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()),
+                "sgd_steps": int(state.sgd_steps)}
 
 
 # ---------------------------------------------------------------------------------------------
-# Acting
-# ---------------------------------------------------------------------------------------------
-
-def make_act(q_apply, num_actions: int):
-    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy.
-
-    One uniform u per env decides both things: explore if u < epsilon, and then u / epsilon is
-    itself uniform on [0, 1) and picks the random action. The key is fold_in(key, step), so no
-    key has to be carried out of the call. On CPU the PRNG, not the network, dominates this
-    call, so drawing once instead of three times matters.
-    """
-
-    def act(params, obs, epsilon, key, step):
-        u = jax.random.uniform(jax.random.fold_in(key, step), (obs.shape[0],))
-        greedy = jnp.argmax(q_apply(params, obs), axis=-1)
-        random = jnp.minimum((u / epsilon * num_actions).astype(greedy.dtype), num_actions - 1)
-        return jnp.where(u < epsilon, random, greedy)
-
-    return jax.jit(act)
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation
+# Evaluation and datasets
 # ---------------------------------------------------------------------------------------------
 
 def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: int, epsilon: float, seed: int,
@@ -1169,8 +1502,35 @@ def save_dataset(path: str, act, params, env_fn, args: Args) -> dict:
     return metadata
 
 
+def run_eval_only(args: Args, given: Optional[frozenset] = None) -> np.ndarray:
+    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = load_npz(path, kind)
+    saved = args_from_json(meta.get("args"), path)
+    # The run's own evaluation protocol (e.g. --preset atari's epsilon), unless typed here.
+    given = typed(args, given)
+    epsilon = args.eval_epsilon if "eval_epsilon" in given else saved.eval_epsilon
+    max_frames = args.max_episode_frames if "max_episode_frames" in given else saved.max_episode_frames
+    env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=max_frames)
+    envs = env_fn(1)
+    num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
+    envs.close()
+    network = QNetwork(num_actions, saved.hidden_sizes)
+    template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
+    prefix = "train_state/params/" if kind == "checkpoint" else "params/"
+    params = restore_tree(template, arrays, prefix, path)
+    act = make_act(network.apply, num_actions)
+    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
+    returns = evaluate(act, params, env_fn, args.eval_episodes, epsilon, args.seed + 10_000, video)
+    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes "
+          f"(epsilon {epsilon})")
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, params, env_fn, dataclasses.replace(args, env_id=saved.env_id))
+    return returns
+
+
 # ---------------------------------------------------------------------------------------------
-# Checkpoints and logging
+# Checkpoint and model files
 # ---------------------------------------------------------------------------------------------
 
 # A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
@@ -1342,6 +1702,10 @@ def args_from_json(saved, path: str) -> Args:
     return args
 
 
+# ---------------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------------
+
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
     with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
@@ -1480,6 +1844,10 @@ def write_curve(run_dir: str) -> Optional[str]:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Command line, resume and signals
+# ---------------------------------------------------------------------------------------------
+
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
     names, given = {f.name for f in dataclasses.fields(Args)}, set()
@@ -1543,37 +1911,6 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-# ---------------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------------
-
-def run_eval_only(args: Args, given: Optional[frozenset] = None) -> np.ndarray:
-    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    meta, arrays = load_npz(path, kind)
-    saved = args_from_json(meta.get("args"), path)
-    # The run's own evaluation protocol (e.g. --preset atari's epsilon), unless typed here.
-    given = typed(args, given)
-    epsilon = args.eval_epsilon if "eval_epsilon" in given else saved.eval_epsilon
-    max_frames = args.max_episode_frames if "max_episode_frames" in given else saved.max_episode_frames
-    env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=max_frames)
-    envs = env_fn(1)
-    num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
-    envs.close()
-    network = QNetwork(num_actions, saved.hidden_sizes)
-    template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
-    prefix = "train_state/params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, arrays, prefix, path)
-    act = make_act(network.apply, num_actions)
-    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
-    returns = evaluate(act, params, env_fn, args.eval_episodes, epsilon, args.seed + 10_000, video)
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes "
-          f"(epsilon {epsilon})")
-    if args.save_dataset:
-        save_dataset(args.save_dataset, act, params, env_fn, dataclasses.replace(args, env_id=saved.env_id))
-    return returns
-
-
 def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
@@ -1581,203 +1918,12 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
         args = resolve_args(args, given)  # the run's flags and those typed here, checked together below
     check_args(args)
     # On CPU, jax's asynchronous dispatch hands every call to another thread; for the tiny
-    # per-step policy call that handoff costs more than the network (about 4x here).
+    # per-step policy call that handoff costs more than the network (README: Speed).
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     if args.eval_only:
         returns = run_eval_only(args, given)
         return {"eval_mean": float(returns.mean())}
-
-    shardings = learner_shardings(args)
-    env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
-    envs = env_fn(args.num_envs)
-    num_actions = int(envs.single_action_space.n)
-    obs_space = envs.single_observation_space
-    network = QNetwork(num_actions, args.hidden_sizes)
-    total_sgd_steps = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
-    optimizer = make_optimizer(args, total_sgd_steps)
-    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-    state = init_train_state(network, optimizer, obs_space.shape, init_key)
-    replay, nstep = make_replay(args, obs_space)
-    frames = replay.frames
-    act = make_act(network.apply, num_actions)
-    update = make_update(network.apply, optimizer, args, unroll=frames is not None and jax.default_backend() == "cpu")
-
-    global_step, episodes = 0, 0
-    # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
-    # once the replay holds learning_starts rows, and again after a resume whose replay was not
-    # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
-    sgd_base, learn_from = 0, args.learning_starts
-    if args.resume:
-        ckpt = os.path.join(args.resume, "checkpoint.npz")
-        meta, arrays = load_npz(ckpt, "checkpoint")
-        state = restore_tree(state, arrays, "train_state/", ckpt)
-        key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-        global_step, episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
-        if any(name.startswith("replay/") for name in arrays):
-            replay.load_state_dict(arrays, ckpt)
-        rows = replay.buffer.get_stored_size()
-        if rows < args.learning_starts:
-            sgd_base, learn_from = int(state.sgd_steps), global_step + args.learning_starts - rows
-        note = f"; learning waits for {learn_from - global_step} new rows" if learn_from > global_step else ""
-        saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-        if saved_total not in (None, args.total_timesteps):
-            note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
-        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps, "
-              f"{rows} rows in the replay){note}")
-    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-    act_params = local_copy(state.params)
-    run_dir = args.run_dir or os.path.join(
-        "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    for name in os.listdir(run_dir):
-        if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
-            os.remove(os.path.join(run_dir, name))
-    write_atomic(os.path.join(run_dir, "args.json"),
-                 lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
-    # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
-    # evaluation is done again, so its row goes too).
-    keep_until = global_step if global_step < args.total_timesteps else global_step - 1
-    logger = Logger(run_dir, keep_until if args.resume else None, args)
-    model_path = os.path.join(run_dir, "model.npz")
-    meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
-
-    saved = {"step": global_step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
-
-    def checkpoint():
-        writer.flush()
-        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
-        if args.checkpoint_replay:
-            arrays.update(replay.state_dict())
-        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "global_step": global_step, "episodes": episodes},
-                        arrays, global_step, saved["step"], args.keep_checkpoints)
-        saved.update(step=global_step, time=time.monotonic())
-
-    def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
-        return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
-
-    # The envs restart on resume (their state is not checkpointed); the seed moves with the step
-    # so that a resumed run does not replay the episodes it began with.
-    obs = seed_envs(envs, args.seed + global_step)
-    if frames is not None:
-        frames.start(obs, np.arange(args.num_envs))
-    stored_obs = obs if frames is None else frames.stack.copy()  # what the replay keeps of obs
-    lives = None
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    sgd_done = int(state.sgd_steps)
-    prefetcher: Optional[Prefetcher] = None
-    writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
-    metrics: dict = {}
-    window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
-    next_eval, next_log = next_multiple(global_step, args.eval_every), next_multiple(global_step, args.log_every)
-    next_ckpt = next_multiple(global_step, args.checkpoint_every)
-    last_eval = None
-    console = Console(args.total_timesteps, global_step, "steps")
-    stop = StopRequest()
-    try:
-        with stop:
-            while global_step < args.total_timesteps and stop.signum is None:
-                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-                actions = np.asarray(act(act_params, obs, np.float32(epsilon), key, np.int32(global_step)))
-                next_obs, reward, terminated, truncated, info = envs.step(actions)
-                done = terminated | truncated
-                reached = real_next_obs(next_obs, done, info)
-                if frames is None:
-                    stored_reached, stored_next = reached, next_obs
-                else:
-                    stored_reached, stored_next = frames.step(reached, next_obs, done)
-                ends_return = terminated
-                if args.terminal_on_life_loss and "lives" in info:  # ALE; other envs pay nothing per step
-                    lost, lives = lost_life(info, lives, done)
-                    ends_return = terminated | lost
-                replay.add(nstep.push(stored_obs, actions, reward, stored_reached, ends_return, truncated))
-                obs, stored_obs = next_obs, stored_next
-                global_step += args.num_envs
-                ep_return += reward
-                ep_length += 1
-                if done.any():
-                    for i in np.flatnonzero(done):
-                        episodes += 1
-                        logger.scalars(global_step, {"charts/episodic_return": ep_return[i],
-                                                     "charts/episodic_length": ep_length[i]})
-                    ep_return[done], ep_length[done] = 0.0, 0
-
-                # Replay ratio: one SGD step per train_frequency env steps after learning_starts,
-                # executed in groups of updates_per_call.
-                sgd_due = sgd_base + max(0, global_step - learn_from) // args.train_frequency
-                while sgd_due - sgd_done >= args.updates_per_call:
-                    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
-                    replay.flush()
-                    if prefetcher is None:
-                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
-                                                   shardings.batch)
-                        prefetcher = Prefetcher(sample, args.prefetch_size)
-                    t0 = time.perf_counter()
-                    batches, indexes, stamps = prefetcher.get()
-                    t1 = time.perf_counter()
-                    state, metrics, priorities = update(state, batches)
-                    act_params = local_copy(state.params)
-                    writer.submit(indexes, stamps, priorities, sgd_done)
-                    window["wait"] += t1 - t0
-                    window["learn"] += time.perf_counter() - t0
-                    sgd_done += args.updates_per_call
-
-                if global_step >= next_log:
-                    next_log += args.log_every
-                    now = time.perf_counter()
-                    elapsed = now - window["time"]
-                    scalars = {"charts/SPS": (global_step - window["step"]) / elapsed,
-                               "charts/epsilon": epsilon, "replay/beta": replay.beta,
-                               "replay/priority_max": replay.max_priority(),
-                               "perf/updates_per_second": (sgd_done - window["sgd"]) / elapsed}
-                    if window["learn"] > 0:
-                        scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
-                    if frames is not None:
-                        scalars["replay/redrawn_rows"] = replay.redrawn
-                    scalars.update({k: float(v) for k, v in metrics.items()})
-                    logger.scalars(global_step, scalars)
-                    fields = (f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
-                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}")
-                    plain = global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps
-                    line = f"step {global_step:>8d}  SPS {scalars['charts/SPS']:7.0f}  {fields}"
-                    console.update(global_step, scalars["charts/SPS"], fields, line if plain else None)
-                    window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
-                if next_eval <= global_step < args.total_timesteps:  # the final one comes below
-                    next_eval += args.eval_every
-                    video = film(f"eval-step-{global_step}")
-                    returns = evaluate(act, act_params, env_fn, args.eval_episodes,
-                                       args.eval_epsilon, args.seed + 10_000, video)
-                    logger.eval(global_step, returns, video)
-                    last_eval = f"{returns.mean():.1f}"
-                if ((next_ckpt is not None and global_step >= next_ckpt)
-                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
-                    next_ckpt = next_multiple(global_step, args.checkpoint_every)
-                    checkpoint()
-    finally:
-        console.end()
-        if prefetcher is not None:
-            prefetcher.close()
-        writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
-        envs.close()
-    checkpoint()
-    if stop.signum is not None:
-        logger.close()
-        print(f"stopped by signal {stop.signum} at step {global_step}; "
-              f"continue with --resume {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
-
-    save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.params))
-    video = film(f"final-step-{global_step}")
-    returns = evaluate(act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000, video)
-    logger.eval(global_step, returns, video)
-    logger.close()
-    write_curve(run_dir)
-    if args.save_dataset:
-        save_dataset(args.save_dataset, act, act_params, env_fn, args)
-    print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
-          f"run dir {run_dir}", flush=True)
-    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
-            "sgd_steps": int(state.sgd_steps)}
+    return train(args)
 
 
 def parse_args(argv=None) -> Args:

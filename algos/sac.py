@@ -52,6 +52,13 @@ Design choices
     sampling high-TD states more often biases nothing there, and weighting by w <= 1 would only
     shrink its step size.
 
+Map of this file
+  Part 1, the algorithm: Args (the flags), the networks (Actor, TwinCritic, the tanh-Gaussian),
+  NStepAssembler, PrioritizedReplay, the learner (critic_loss, actor_alpha_loss, make_update),
+  acting (make_act) and train(), the loop. Part 2, the machinery, which a reader may skip: flag
+  checks, envs, the prefetch and priority threads, devices, Run (run folder, resume, counters,
+  logging, evaluations, checkpoints), evaluation and datasets, files, the command line.
+
 Run
   python algos/sac.py                                       # Pendulum-v1, 20k steps
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
@@ -114,8 +121,15 @@ CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the clip of the SAC authors' code (softlearning)
 
 
+# =============================================================================================
+# PART 1: THE ALGORITHM
+# Flags, networks, n-step returns, prioritized replay, losses and update, acting, and the loop.
+# =============================================================================================
+
+
 @dataclass
 class Args:
+    # Algorithm
     env_id: str = "Pendulum-v1"
     """gymnasium id of an environment with a bounded Box action space"""
     seed: int = 1
@@ -132,8 +146,6 @@ class Args:
     """Adam learning rate of log alpha (default: --q-lr, as CleanRL)"""
     q_lr: float = 1e-3
     """Adam learning rate of the critics"""
-    buffer_size: int = 1_000_000
-    """replay capacity, in transitions"""
     batch_size: int = 256
     """transitions per SGD step"""
     gamma: float = 0.99
@@ -161,6 +173,9 @@ class Args:
     """environment steps of uniformly random actions before learning starts"""
     train_frequency: int = 1
     """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
+    # Replay
+    buffer_size: int = 1_000_000
+    """replay capacity, in transitions"""
     prioritized: bool = False
     """prioritized replay (off by default: no gain measured, level with uniform on Pendulum-v1 over
     5 seeds and on HalfCheetah-v5 in 1 seed; see README); --no-prioritized samples uniformly through
@@ -174,6 +189,7 @@ class Args:
     per_weight_norm: Literal["batch", "buffer"] = "batch"
     """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
     whole buffer (cpprb's rule, which a single well-fitted transition can shrink; see README)"""
+    # Learner machinery
     updates_per_call: int = 32
     """SGD steps fused in one jitted call (lax.scan)"""
     prefetch_size: int = 2
@@ -181,6 +197,7 @@ class Args:
     num_devices: int = 1
     """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
     parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
+    # Run and output
     eval_every: int = 5_000
     """environment steps between evaluations"""
     eval_episodes: int = 10
@@ -222,6 +239,531 @@ class Args:
     """std of Gaussian noise added (in [-1, 1] action units) to the deterministic policy while
     collecting the dataset (0: expert data; larger: noisier data)"""
 
+
+# ---------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------
+
+class Actor(nn.Module):
+    """s -> (mean, log_std) of the Gaussian that tanh squashes into [-1, 1]^|A|."""
+    action_dim: int
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array):
+        x = obs.astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
+        return mean, log_std
+
+
+class Critic(nn.Module):
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(1)(x)[..., 0]
+
+
+class TwinCritic(nn.Module):
+    """Two independent critics evaluated as one vmapped network: output [2, batch]."""
+    hidden_sizes: Tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        twins = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=None, out_axes=0, axis_size=2)
+        return twins(self.hidden_sizes)(obs, action)
+
+
+def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
+    """a = tanh(u), u ~ N(mean, std); returns (a, log pi(a)) with the numerically stable
+    change-of-variables term log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))."""
+    std = jnp.exp(log_std)
+    u = mean + std * jax.random.normal(key, mean.shape)
+    log_normal = -0.5 * (((u - mean) / std) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
+    log_det = 2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+    return jnp.tanh(u), jnp.sum(log_normal - log_det, axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: n-step assembly and the prioritized buffer
+# ---------------------------------------------------------------------------------------------
+
+class NStepAssembler:
+    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
+
+    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
+      * nothing while fewer than n steps are pending and the episode goes on;
+      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
+        step and discount gamma^n, once n are pending;
+      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
+        the real final observation, and discount gamma^k if the episode was truncated (the state
+        was not terminal, so the return still bootstraps) or 0 if it terminated.
+    """
+
+    def __init__(self, n: int, gamma: float, num_envs: int, obs_dim: int, action_dim: int):
+        self.n = n
+        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
+        self.obs = np.zeros((n, num_envs, obs_dim), np.float32)
+        self.action = np.zeros((n, num_envs, action_dim), np.float32)
+        self.reward = np.zeros((n, num_envs), np.float32)
+        self.pending = np.zeros(num_envs, np.int64)
+        self.all_full = False  # every env has n pending steps: the common case, kept cheap
+        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
+        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
+        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
+        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
+
+    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
+        """Transitions of `envs` that started `ages` steps before the latest step."""
+        first = self.t - 1 - ages
+        k = ages + 1  # rewards in each transition
+        offsets = np.arange(self.n)
+        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
+        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
+                "reward": ret.astype(np.float32), "next_obs": next_obs,
+                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
+
+    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
+        """Add one vector step; next_obs must hold the real final observation where done.
+
+        The arrays returned may be views of the ring: copy them before the next push.
+        """
+        slot = self.t % self.n
+        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
+        self.t += 1
+        done = terminated | truncated
+        if self.all_full and not done.any():
+            # Every env emits its oldest step: no per-env indexing (this runs every step).
+            oldest = self.t % self.n
+            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
+            return {"obs": self.obs[oldest], "action": self.action[oldest],
+                    "reward": ret.astype(np.float32), "next_obs": next_obs,
+                    "discount": self.n_step_discount}
+        np.minimum(self.pending + 1, self.n, out=self.pending)
+        full = (self.pending == self.n) & ~done
+        parts = []
+        if full.any():
+            envs = np.flatnonzero(full)
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
+                                    np.zeros(envs.size)))
+        if done.any():
+            ended = np.flatnonzero(done)
+            envs = np.repeat(ended, self.pending[ended])
+            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
+            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
+            self.pending[ended] = 0
+        self.all_full = bool((self.pending == self.n).all())
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+class PrioritizedReplay:
+    """Proportional prioritized replay (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer.
+
+    The PER rules, and where they are:
+      * new transitions enter with p = max_j p_j                                   (flush)
+      * P(i) = p_i^alpha / sum_j p_j^alpha, one stratified draw of B per minibatch (sample)
+      * w_i = (N P(i))^-beta / max_{j in minibatch} w_j                            (sample)
+      * after learning, p_i = mean_m |delta_m,i| + eps                             (update_priorities)
+    cpprb keeps the sum tree, adds eps and raises to alpha. The rest of the class makes it safe
+    for the three threads that touch it:
+
+    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
+      (writer thread); cpprb itself is not thread-safe.
+    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
+      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
+    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
+      counts it saw; its priorities are written back only where the count has not moved, so a
+      |TD| computed for an old transition never lands on the new one that replaced it.
+    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
+      back, so a checkpoint can save and restore them.
+    """
+
+    STAGE_ROWS = 128
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float,
+                 weight_norm: str = "batch"):
+        self.capacity, self.weight_norm = capacity, weight_norm
+        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (),
+                  "discount": ()}
+        spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+        self.lock = threading.Lock()
+        self.write_count = np.zeros(capacity, np.int64)
+        self.priority = np.zeros(capacity, np.float64)
+        self.beta = 0.4  # set by the main loop; read by whoever samples
+        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], np.float32) for k in shapes}
+        self.staged = 0
+
+    def add(self, batch: Optional[dict]) -> None:
+        if batch is None:
+            return
+        rows = len(batch["action"])
+        start = 0
+        while start < rows:
+            take = min(rows - start, self.STAGE_ROWS - self.staged)
+            for key, column in self.stage.items():
+                column[self.staged:self.staged + take] = batch[key][start:start + take]
+            self.staged += take
+            start += take
+            if self.staged == self.STAGE_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand staged rows to cpprb at the current max priority: p_new = max_j p_j (the paper's
+        rule for new data, so that each is replayed at least once soon)."""
+        if not self.staged:
+            return
+        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        with self.lock:
+            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
+            self.buffer.add(**rows)
+            np.add.at(self.write_count, slots, 1)
+            self.priority[slots] = self.buffer.get_max_priority()
+        self.staged = 0
+
+    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
+        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
+        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
+        indexes, their write counts) at the current beta."""
+        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
+        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
+        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
+        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
+        # One call per minibatch, all under one lock so that the K share one beta and one tree.
+        beta = self.beta  # read once: the main loop may move it meanwhile
+        with self.lock:
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=beta)
+                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
+                draws.append(draw)
+            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+            indexes = batch.pop("indexes")
+            stamps = self.write_count[indexes]
+        for key in ("reward", "discount", "weights"):
+            batch[key] = batch[key].reshape(-1).astype(np.float32)
+        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
+            weights = batch["weights"].reshape(num_batches, batch_size)
+            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
+        return batch, indexes, stamps
+
+    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
+        """p_i = mean_m |delta_m,i| (+ eps, by cpprb), where the slot still holds the sampled
+        transition; returns the rows kept."""
+        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
+        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+            raise ValueError("priorities must be finite and >= 0")
+        with self.lock:
+            fresh = self.write_count[indexes] == stamps
+            if fresh.any():
+                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
+                self.priority[indexes[fresh]] = priorities[fresh]
+        return int(fresh.sum())
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return float(self.buffer.get_max_priority())
+
+    def state_dict(self) -> dict:
+        """Flat arrays, named as in the checkpoint file."""
+        self.flush()
+        with self.lock:
+            stored = self.buffer.get_stored_size()
+            rows = self.buffer.get_all_transitions() if stored else {
+                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
+            state = {f"replay/{k}": v for k, v in rows.items()}
+            state.update({"replay/priority": self.priority[:stored].copy(),
+                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
+                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
+        return state
+
+    def load_state_dict(self, arrays: dict, path: str) -> None:
+        """Check every array against this replay's layout (the file may be hostile), then rebuild
+        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
+        prio = arrays.get("replay/priority")
+        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
+        if not 0 <= stored <= self.capacity:
+            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
+        check_array(arrays, "replay/priority", (stored,), np.float64, path)
+        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
+        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
+        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
+                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
+            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
+        data = {}
+        for key, column in self.stage.items():
+            # cpprb hands back scalar columns as [rows, 1]
+            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
+        with self.lock:
+            self.buffer.clear()
+            if stored:
+                self.buffer.add(**data, priorities=prio)
+                if stored == self.capacity and k:
+                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
+                    # insert overwrites the oldest transition, as it would have.
+                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
+                # then put slot 0's own priority back.
+                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
+                self.buffer.update_priorities(np.array([0]), prio[:1])
+                self.priority[:stored] = prio
+            self.write_count[:] = 0
+        self.staged = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+# ---------------------------------------------------------------------------------------------
+
+class TrainState(NamedTuple):
+    actor_params: Any
+    critic_params: Any
+    target_critic_params: Any
+    log_alpha: jax.Array
+    actor_opt: Any
+    critic_opt: Any
+    alpha_opt: Any
+    sgd_steps: jax.Array
+
+
+class Nets(NamedTuple):
+    actor: Actor
+    critic: TwinCritic
+    actor_tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
+    alpha_tx: optax.GradientTransformation
+
+
+def make_nets(args: Args, action_dim: int) -> Nets:
+    return Nets(Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes),
+                optax.adam(args.policy_lr), optax.adam(args.q_lr),
+                optax.adam(args.q_lr if args.alpha_lr is None else args.alpha_lr))
+
+
+def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
+    k_actor, k_critic = jax.random.split(key)
+    obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
+    actor_params = nets.actor.init(k_actor, obs)
+    critic_params = nets.critic.init(k_critic, obs, action)
+    log_alpha = jnp.asarray(np.log(args.alpha_init if args.autotune else args.alpha), jnp.float32)
+    return TrainState(actor_params, critic_params, jax.tree_util.tree_map(jnp.copy, critic_params),
+                      log_alpha, nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params),
+                      nets.alpha_tx.init(log_alpha), jnp.zeros((), jnp.int32))
+
+
+def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
+    """IS-weighted Huber loss of both critics against the clipped double-Q soft target.
+
+    Returns (loss, (td[2, B], mean Q)).
+    """
+    mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
+    next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
+    next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
+    alpha = jnp.exp(state.log_alpha)
+    target = batch["reward"] + batch["discount"] * (next_q - alpha * next_log_prob)
+    q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
+    td = q - jax.lax.stop_gradient(target)
+    abs_td = jnp.abs(td)
+    quadratic = jnp.minimum(abs_td, huber_delta)
+    huber = 0.5 * quadratic ** 2 + huber_delta * (abs_td - quadratic)
+    return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
+
+
+def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
+    """L_pi + L_alpha, plain means (see the docstring); aux = (L_pi, L_alpha, entropy estimate).
+
+    The stop_gradients make the sum separate: d/d(actor) sees only L_pi (alpha held fixed) and
+    d/d(log alpha) sees only L_alpha (log pi held fixed), so one backward pass serves both.
+    """
+    mean, log_std = nets.actor.apply(actor_params, obs)
+    action, log_prob = sample_tanh_gaussian(mean, log_std, key)
+    q = nets.critic.apply(critic_params, obs, action).min(axis=0)
+    alpha = jnp.exp(log_alpha)
+    actor_loss = jnp.mean(jax.lax.stop_gradient(alpha) * log_prob - q)
+    alpha_loss = jnp.mean(-alpha * (jax.lax.stop_gradient(log_prob) + target_entropy))
+    return actor_loss + alpha_loss, (actor_loss, alpha_loss, -jnp.mean(log_prob))
+
+
+def make_update(nets: Nets, args: Args, action_dim: int):
+    """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps fused.
+
+    The priority of a sample is the mean of the twin critics' |TD| (see the docstring). The state
+    must be on the devices of learner_shardings(args) (jax.device_put(state, shardings.replicated)).
+    """
+    shardings = learner_shardings(args)
+    target_entropy = -args.target_entropy_scale * action_dim
+
+    def actor_step(carry, key):
+        state, obs = carry
+        grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
+        (actor_grads, alpha_grad), (actor_l, alpha_l, entropy) = grad_fn(
+            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
+        updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
+        state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates),
+                               actor_opt=actor_opt)
+        if args.autotune:
+            updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
+            state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates),
+                                   alpha_opt=alpha_opt)
+        return (state, obs), (actor_l, alpha_l, entropy)
+
+    def sgd_step(state: TrainState, inputs):
+        batch, key = inputs
+        critic_key, actor_key = jax.random.split(key)
+        grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
+        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key,
+                                                args.huber_delta)
+        updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
+        critic_params = optax.apply_updates(state.critic_params, updates)
+        sgd_steps = state.sgd_steps + 1
+        target = optax.periodic_update(
+            optax.incremental_update(critic_params, state.target_critic_params, args.tau),
+            state.target_critic_params, sgd_steps, args.target_network_frequency)
+        state = state._replace(critic_params=critic_params, critic_opt=critic_opt,
+                               target_critic_params=target, sgd_steps=sgd_steps)
+
+        def delayed_actor_updates(state):
+            keys = jax.random.split(actor_key, args.policy_frequency)
+            (state, _), (actor_l, alpha_l, entropy) = jax.lax.scan(actor_step, (state, batch["obs"]), keys)
+            return state, (actor_l.mean(), alpha_l.mean(), entropy.mean())
+
+        def skip(state):
+            return state, (jnp.nan, jnp.nan, jnp.nan)
+
+        state, (actor_l, alpha_l, entropy) = jax.lax.cond(
+            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state)
+        # A step whose new parameters are not finite reports NaN priorities, so the priority
+        # writer stops the run here rather than one call later (after a checkpoint, maybe).
+        finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
+        td = jnp.where(finite, td, jnp.nan)
+        return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
+
+    def update(state: TrainState, batches: dict, key):
+        keys = jax.random.split(jax.random.fold_in(key, state.sgd_steps), batches["reward"].shape[0])
+        state, (q_loss, q_mean, actor_l, alpha_l, entropy, td) = jax.lax.scan(sgd_step, state, (batches, keys))
+        metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean(),
+                   "losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l),
+                   "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
+        return state, metrics, jnp.abs(td).mean(axis=1)
+
+    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
+                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting
+# ---------------------------------------------------------------------------------------------
+
+def make_act(actor: Actor):
+    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1].
+
+    Stochastic: a sample of the tanh-Gaussian, keyed by fold_in(key, step) so that no key has to
+    be carried out of the call. Deterministic (evaluation): tanh of the mean.
+    """
+
+    def act(params, obs, key, step, deterministic: bool):
+        mean, log_std = actor.apply(params, obs)
+        if deterministic:
+            return jnp.tanh(mean)
+        return sample_tanh_gaussian(mean, log_std, jax.random.fold_in(key, step))[0]
+
+    return jax.jit(act, static_argnames="deterministic")
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start -> end linearly over `duration`, then end."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[-1, 1] -> [low, high], affine per dimension; clipped against float rounding."""
+    return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
+
+
+def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """[low, high] -> [-1, 1], the inverse of to_env_action."""
+    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args) -> dict:
+    """Train with checked flags (main() checks them and merges a --resume run's own). Returns
+    {run_dir, global_step, eval_mean, sgd_steps}, or {..., signal} when a signal stopped it."""
+    # The learner's devices (one by default): parameters replicated, each batch split across them.
+    shardings = learner_shardings(args)
+    envs = make_env(args.env_id, args.num_envs)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    nets = make_nets(args, action_dim)
+    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+    state = init_train_state(nets, args, obs_dim, action_dim, init_key)
+    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, args.per_alpha if args.prioritized else 0.0,
+                               args.per_eps, args.per_weight_norm)
+    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
+    act = make_act(nets.actor)
+    update = make_update(nets, args, action_dim)
+    # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
+    # evaluations and checkpoints: Part 2. The loop below is the algorithm.
+    run = Run(args, envs, replay, act, shardings)
+    state, key = run.restore(state, key)
+    obs = run.reset()
+    with run:
+        while run.global_step < args.total_timesteps and not run.stopped:
+            # ACT: uniform random actions until learning starts, then samples of the policy
+            if run.global_step < args.learning_starts:
+                action = from_env_action(envs.action_space.sample(), low, high)
+            else:
+                action = np.asarray(act(run.act_params, obs, key, np.int32(run.global_step), deterministic=False))
+            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
+
+            # STORE: the n-step transition. Its next observation is the one the step really led
+            # to (info["final_obs"] at an episode's end); only `terminated` ends the return, a
+            # time-limit truncation bootstraps.
+            done = terminated | truncated
+            replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info), terminated, truncated))
+            obs = next_obs
+            run.count_step(reward, done)
+
+            # LEARN: one SGD step per train_frequency env steps, K of them fused per jitted call;
+            # the batches come from the prefetch thread, the priorities go back on another thread.
+            for _ in range(run.update_calls_due()):
+                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, run.global_step)
+                batches, indexes, stamps = run.next_batches()
+                state, metrics, priorities = update(state, batches, key)
+                run.learned(state, metrics, indexes, stamps, priorities)
+
+            run.log_if_due()
+            run.evaluate_if_due()
+            run.checkpoint_if_due(state, key)
+    return run.finish(state, key)
+
+
+# =============================================================================================
+# PART 2: THE MACHINERY
+# What makes the loop above a dependable program: a reader learning the algorithm can stop
+# here. Flag checks, envs, threads, devices, the run (folder, resume, logging, evaluation,
+# checkpoints), files, and the command line.
+# =============================================================================================
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and flag checks
+# ---------------------------------------------------------------------------------------------
 
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
@@ -372,288 +914,9 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
     return real
 
 
-def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """[-1, 1] -> [low, high], affine per dimension; clipped against float rounding."""
-    return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
-
-
-def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """[low, high] -> [-1, 1], the inverse of to_env_action."""
-    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
-
-
 # ---------------------------------------------------------------------------------------------
-# Networks
+# Replay plumbing
 # ---------------------------------------------------------------------------------------------
-
-class Actor(nn.Module):
-    """s -> (mean, log_std) of the Gaussian that tanh squashes into [-1, 1]^|A|."""
-    action_dim: int
-    hidden_sizes: Tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array):
-        x = obs.astype(jnp.float32)
-        for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        mean = nn.Dense(self.action_dim)(x)
-        log_std = jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
-        return mean, log_std
-
-
-class Critic(nn.Module):
-    hidden_sizes: Tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
-        x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
-        for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(1)(x)[..., 0]
-
-
-class TwinCritic(nn.Module):
-    """Two independent critics evaluated as one vmapped network: output [2, batch]."""
-    hidden_sizes: Tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
-        twins = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=None, out_axes=0, axis_size=2)
-        return twins(self.hidden_sizes)(obs, action)
-
-
-def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
-    """a = tanh(u), u ~ N(mean, std); returns (a, log pi(a)) with the numerically stable
-    change-of-variables term log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))."""
-    std = jnp.exp(log_std)
-    u = mean + std * jax.random.normal(key, mean.shape)
-    log_normal = -0.5 * (((u - mean) / std) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
-    log_det = 2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u))
-    return jnp.tanh(u), jnp.sum(log_normal - log_det, axis=-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Replay: n-step assembly and the prioritized buffer
-# ---------------------------------------------------------------------------------------------
-
-class NStepAssembler:
-    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
-
-    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
-      * nothing while fewer than n steps are pending and the episode goes on;
-      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
-        step and discount gamma^n, once n are pending;
-      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
-        the real final observation, and discount gamma^k if the episode was truncated (the state
-        was not terminal, so the return still bootstraps) or 0 if it terminated.
-    """
-
-    def __init__(self, n: int, gamma: float, num_envs: int, obs_dim: int, action_dim: int):
-        self.n = n
-        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
-        self.obs = np.zeros((n, num_envs, obs_dim), np.float32)
-        self.action = np.zeros((n, num_envs, action_dim), np.float32)
-        self.reward = np.zeros((n, num_envs), np.float32)
-        self.pending = np.zeros(num_envs, np.int64)
-        self.all_full = False  # every env has n pending steps: the common case, kept cheap
-        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
-        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
-        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
-        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
-
-    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
-        """Transitions of `envs` that started `ages` steps before the latest step."""
-        first = self.t - 1 - ages
-        k = ages + 1  # rewards in each transition
-        offsets = np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
-        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
-                "reward": ret.astype(np.float32), "next_obs": next_obs,
-                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
-
-    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """Add one vector step; next_obs must hold the real final observation where done.
-
-        The arrays returned may be views of the ring: copy them before the next push.
-        """
-        slot = self.t % self.n
-        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
-        self.t += 1
-        done = terminated | truncated
-        if self.all_full and not done.any():
-            # Every env emits its oldest step: no per-env indexing (this runs every step).
-            oldest = self.t % self.n
-            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
-            return {"obs": self.obs[oldest], "action": self.action[oldest],
-                    "reward": ret.astype(np.float32), "next_obs": next_obs,
-                    "discount": self.n_step_discount}
-        np.minimum(self.pending + 1, self.n, out=self.pending)
-        full = (self.pending == self.n) & ~done
-        parts = []
-        if full.any():
-            envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
-                                    np.zeros(envs.size)))
-        if done.any():
-            ended = np.flatnonzero(done)
-            envs = np.repeat(ended, self.pending[ended])
-            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
-            self.pending[ended] = 0
-        self.all_full = bool((self.pending == self.n).all())
-        if len(parts) < 2:
-            return parts[0] if parts else None
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-
-
-class PrioritizedReplay:
-    """cpprb's PrioritizedReplayBuffer, made safe for the three threads that touch it.
-
-    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
-      (writer thread); cpprb itself is not thread-safe.
-    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
-      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
-    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
-      counts it saw; its priorities are written back only where the count has not moved, so a
-      |TD| computed for an old transition never lands on the new one that replaced it.
-    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
-      back, so a checkpoint can save and restore them.
-    """
-
-    STAGE_ROWS = 128
-
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float,
-                 weight_norm: str = "batch"):
-        self.capacity, self.weight_norm = capacity, weight_norm
-        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (),
-                  "discount": ()}
-        spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
-        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
-        self.lock = threading.Lock()
-        self.write_count = np.zeros(capacity, np.int64)
-        self.priority = np.zeros(capacity, np.float64)
-        self.beta = 0.4  # set by the main loop; read by whoever samples
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], np.float32) for k in shapes}
-        self.staged = 0
-
-    def add(self, batch: Optional[dict]) -> None:
-        if batch is None:
-            return
-        rows = len(batch["action"])
-        start = 0
-        while start < rows:
-            take = min(rows - start, self.STAGE_ROWS - self.staged)
-            for key, column in self.stage.items():
-                column[self.staged:self.staged + take] = batch[key][start:start + take]
-            self.staged += take
-            start += take
-            if self.staged == self.STAGE_ROWS:
-                self.flush()
-
-    def flush(self) -> None:
-        """Hand staged rows to cpprb at the current max priority (the paper's rule for new data)."""
-        if not self.staged:
-            return
-        rows = {key: column[:self.staged] for key, column in self.stage.items()}
-        with self.lock:
-            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
-            self.buffer.add(**rows)
-            np.add.at(self.write_count, slots, 1)
-            self.priority[slots] = self.buffer.get_max_priority()
-        self.staged = 0
-
-    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
-        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
-        indexes, their write counts) at the current beta."""
-        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
-        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
-        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
-        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
-        # One call per minibatch, all under one lock so that the K share one beta and one tree.
-        beta = self.beta  # read once: the main loop may move it meanwhile
-        with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)
-                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
-                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
-                draws.append(draw)
-            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes")
-            stamps = self.write_count[indexes]
-        for key in ("reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(-1).astype(np.float32)
-        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
-            weights = batch["weights"].reshape(num_batches, batch_size)
-            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
-        return batch, indexes, stamps
-
-    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
-        """Write |TD| back where the slot still holds the sampled transition; returns rows kept."""
-        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
-        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
-            raise ValueError("priorities must be finite and >= 0")
-        with self.lock:
-            fresh = self.write_count[indexes] == stamps
-            if fresh.any():
-                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
-                self.priority[indexes[fresh]] = priorities[fresh]
-        return int(fresh.sum())
-
-    def max_priority(self) -> float:
-        with self.lock:
-            return float(self.buffer.get_max_priority())
-
-    def state_dict(self) -> dict:
-        """Flat arrays, named as in the checkpoint file."""
-        self.flush()
-        with self.lock:
-            stored = self.buffer.get_stored_size()
-            rows = self.buffer.get_all_transitions() if stored else {
-                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
-            state = {f"replay/{k}": v for k, v in rows.items()}
-            state.update({"replay/priority": self.priority[:stored].copy(),
-                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
-                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
-        return state
-
-    def load_state_dict(self, arrays: dict, path: str) -> None:
-        """Check every array against this replay's layout (the file may be hostile), then rebuild
-        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
-        prio = arrays.get("replay/priority")
-        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
-        if not 0 <= stored <= self.capacity:
-            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
-        check_array(arrays, "replay/priority", (stored,), np.float64, path)
-        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
-        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
-        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
-                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
-            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
-        data = {}
-        for key, column in self.stage.items():
-            # cpprb hands back scalar columns as [rows, 1]
-            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
-        with self.lock:
-            self.buffer.clear()
-            if stored:
-                self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and k:
-                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
-                    # insert overwrites the oldest transition, as it would have.
-                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
-                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
-                # then put slot 0's own priority back.
-                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
-                self.buffer.update_priorities(np.array([0]), prio[:1])
-                self.priority[:stored] = prio
-            self.write_count[:] = 0
-        self.staged = 0
-
 
 def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
     """What the learner gets for one call: (batches[K, B, ...] on the device(s), slot indexes[K * B],
@@ -662,11 +925,6 @@ def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional
     batch, indexes, stamps = replay.sample(batch_size, num_batches)
     batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
     return jax.device_put(batch, sharding), indexes, stamps
-
-
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start -> end linearly over `duration`, then end."""
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
 def next_multiple(step: int, every: int) -> Optional[int]:
@@ -777,77 +1035,8 @@ class PriorityWriter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Learner
+# Devices
 # ---------------------------------------------------------------------------------------------
-
-class TrainState(NamedTuple):
-    actor_params: Any
-    critic_params: Any
-    target_critic_params: Any
-    log_alpha: jax.Array
-    actor_opt: Any
-    critic_opt: Any
-    alpha_opt: Any
-    sgd_steps: jax.Array
-
-
-class Nets(NamedTuple):
-    actor: Actor
-    critic: TwinCritic
-    actor_tx: optax.GradientTransformation
-    critic_tx: optax.GradientTransformation
-    alpha_tx: optax.GradientTransformation
-
-
-def make_nets(args: Args, action_dim: int) -> Nets:
-    return Nets(Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes),
-                optax.adam(args.policy_lr), optax.adam(args.q_lr),
-                optax.adam(args.q_lr if args.alpha_lr is None else args.alpha_lr))
-
-
-def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
-    k_actor, k_critic = jax.random.split(key)
-    obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
-    actor_params = nets.actor.init(k_actor, obs)
-    critic_params = nets.critic.init(k_critic, obs, action)
-    log_alpha = jnp.asarray(np.log(args.alpha_init if args.autotune else args.alpha), jnp.float32)
-    return TrainState(actor_params, critic_params, jax.tree_util.tree_map(jnp.copy, critic_params),
-                      log_alpha, nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params),
-                      nets.alpha_tx.init(log_alpha), jnp.zeros((), jnp.int32))
-
-
-def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
-    """IS-weighted Huber loss of both critics against the clipped double-Q soft target.
-
-    Returns (loss, (td[2, B], mean Q)).
-    """
-    mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
-    next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
-    next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
-    alpha = jnp.exp(state.log_alpha)
-    target = batch["reward"] + batch["discount"] * (next_q - alpha * next_log_prob)
-    q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
-    td = q - jax.lax.stop_gradient(target)
-    abs_td = jnp.abs(td)
-    quadratic = jnp.minimum(abs_td, huber_delta)
-    huber = 0.5 * quadratic ** 2 + huber_delta * (abs_td - quadratic)
-    return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
-
-
-def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
-    """L_pi + L_alpha, plain means (see the docstring); aux = (L_pi, L_alpha, entropy estimate).
-
-    The stop_gradients make the sum separate: d/d(actor) sees only L_pi (alpha held fixed) and
-    d/d(log alpha) sees only L_alpha (log pi held fixed), so one backward pass serves both.
-    """
-    mean, log_std = nets.actor.apply(actor_params, obs)
-    action, log_prob = sample_tanh_gaussian(mean, log_std, key)
-    q = nets.critic.apply(critic_params, obs, action).min(axis=0)
-    alpha = jnp.exp(log_alpha)
-    actor_loss = jnp.mean(jax.lax.stop_gradient(alpha) * log_prob - q)
-    alpha_loss = jnp.mean(-alpha * (jax.lax.stop_gradient(log_prob) + target_entropy))
-    return actor_loss + alpha_loss, (actor_loss, alpha_loss, -jnp.mean(log_prob))
-
 
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
@@ -882,94 +1071,215 @@ def local_copy(tree):
     return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
 
 
-def make_update(nets: Nets, args: Args, action_dim: int):
-    """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps fused.
+# ---------------------------------------------------------------------------------------------
+# The run: folder, resume, counters, threads, logging, evaluations, checkpoints
+# ---------------------------------------------------------------------------------------------
 
-    The priority of a sample is the mean of the twin critics' |TD| (see the docstring). The state
-    must be on the devices of learner_shardings(args) (jax.device_put(state, shardings.replicated)).
-    """
-    shardings = learner_shardings(args)
-    target_entropy = -args.target_entropy_scale * action_dim
+class Run:
+    """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
+    checkpoint, the step counters, the prefetch and priority-writer threads, the devices, logging
+    and the progress line,
+    evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:` stops the threads however the
+    loop ends)."""
 
-    def actor_step(carry, key):
-        state, obs = carry
-        grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
-        (actor_grads, alpha_grad), (actor_l, alpha_l, entropy) = grad_fn(
-            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
-        updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
-        state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates),
-                               actor_opt=actor_opt)
-        if args.autotune:
-            updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
-            state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates),
-                                   alpha_opt=alpha_opt)
-        return (state, obs), (actor_l, alpha_l, entropy)
+    def __init__(self, args: Args, envs, replay: PrioritizedReplay, act, shardings: Shardings):
+        self.args, self.envs, self.replay, self.act, self.shardings = args, envs, replay, act, shardings
+        self.global_step = self.episodes = 0
+        # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
+        # once the replay holds learning_starts rows, and again after a resume whose replay was not
+        # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
+        self.sgd_base, self.learn_from = 0, args.learning_starts
+        self.prefetcher: Optional[Prefetcher] = None
+        self.stop = StopRequest()
+        self.metrics: dict = {}
+        self.last_eval: Optional[str] = None
 
-    def sgd_step(state: TrainState, inputs):
-        batch, key = inputs
-        critic_key, actor_key = jax.random.split(key)
-        grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
-        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key,
-                                                args.huber_delta)
-        updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
-        critic_params = optax.apply_updates(state.critic_params, updates)
-        sgd_steps = state.sgd_steps + 1
-        target = optax.periodic_update(
-            optax.incremental_update(critic_params, state.target_critic_params, args.tau),
-            state.target_critic_params, sgd_steps, args.target_network_frequency)
-        state = state._replace(critic_params=critic_params, critic_opt=critic_opt,
-                               target_critic_params=target, sgd_steps=sgd_steps)
+    @property
+    def stopped(self) -> bool:
+        return self.stop.signum is not None
 
-        def delayed_actor_updates(state):
-            keys = jax.random.split(actor_key, args.policy_frequency)
-            (state, _), (actor_l, alpha_l, entropy) = jax.lax.scan(actor_step, (state, batch["obs"]), keys)
-            return state, (actor_l.mean(), alpha_l.mean(), entropy.mean())
+    def restore(self, state: TrainState, key):
+        """(state, key) of the --resume checkpoint, or the fresh ones given; then the run folder,
+        the logger and the counters. The state goes on the learner's devices."""
+        args = self.args
+        if args.resume:
+            ckpt = os.path.join(args.resume, "checkpoint.npz")
+            meta, arrays = load_npz(ckpt, "checkpoint")
+            state = restore_tree(state, arrays, "train_state/", ckpt)
+            key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
+            self.global_step, self.episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
+            if any(name.startswith("replay/") for name in arrays):
+                self.replay.load_state_dict(arrays, ckpt)
+            rows = self.replay.buffer.get_stored_size()
+            if rows < args.learning_starts:
+                self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
+            note = (f"; learning waits for {self.learn_from - self.global_step} new rows"
+                    if self.learn_from > self.global_step else "")
+            saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+            if saved_total not in (None, args.total_timesteps):
+                note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
+            print(f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
+                  f"{rows} rows in the replay){note}")
+        state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+        self.act_params = local_copy(state.actor_params)
+        self.sgd_done = int(state.sgd_steps)
 
-        def skip(state):
-            return state, (jnp.nan, jnp.nan, jnp.nan)
+        self.run_dir = args.run_dir or os.path.join(
+            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+        os.makedirs(self.run_dir, exist_ok=True)
+        for name in os.listdir(self.run_dir):
+            if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+                os.remove(os.path.join(self.run_dir, name))
+        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
+            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
+        # evaluation is done again, so its row goes too).
+        step = self.global_step
+        self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None,
+                             args)
+        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        self.saved = {"step": step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
+        self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
+        self.next_eval, self.next_log = next_multiple(step, args.eval_every), next_multiple(step, args.log_every)
+        self.next_ckpt = next_multiple(step, args.checkpoint_every)
+        self.console = Console(args.total_timesteps, step, "steps")
+        self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.writer = PriorityWriter(self.replay, write=args.prioritized)  # with alpha = 0 a write changes nothing
+        return state, key
 
-        state, (actor_l, alpha_l, entropy) = jax.lax.cond(
-            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state)
-        # A step whose new parameters are not finite reports NaN priorities, so the priority
-        # writer stops the run here rather than one call later (after a checkpoint, maybe).
-        finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
-        td = jnp.where(finite, td, jnp.nan)
-        return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
+    def reset(self) -> np.ndarray:
+        """First observations. The envs restart on resume (their state is not checkpointed); the
+        seed moves with the step so that a resumed run does not replay the episodes it began with."""
+        return seed_envs(self.envs, self.args.seed + self.global_step)
 
-    def update(state: TrainState, batches: dict, key):
-        keys = jax.random.split(jax.random.fold_in(key, state.sgd_steps), batches["reward"].shape[0])
-        state, (q_loss, q_mean, actor_l, alpha_l, entropy, td) = jax.lax.scan(sgd_step, state, (batches, keys))
-        metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean(),
-                   "losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l),
-                   "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
-        return state, metrics, jnp.abs(td).mean(axis=1)
+    def count_step(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self.global_step += self.args.num_envs
+        self.ep_return += reward
+        self.ep_length += 1
+        if done.any():
+            for i in np.flatnonzero(done):
+                self.episodes += 1
+                self.logger.scalars(self.global_step, {"charts/episodic_return": self.ep_return[i],
+                                                       "charts/episodic_length": self.ep_length[i]})
+            self.ep_return[done], self.ep_length[done] = 0.0, 0
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    def update_calls_due(self) -> int:
+        """Jitted update calls (of --updates-per-call SGD steps) due at this step: the replay ratio
+        is one SGD step per --train-frequency env steps after learning starts."""
+        sgd_due = self.sgd_base + max(0, self.global_step - self.learn_from) // self.args.train_frequency
+        return (sgd_due - self.sgd_done) // self.args.updates_per_call
+
+    def next_batches(self):
+        """(batches[K, B, ...] on the devices, slot indexes, write counts) from the prefetch thread,
+        which starts at the first call (so its first draws see the beta train() set); the staged
+        inserts reach cpprb first."""
+        args = self.args
+        self.replay.flush()
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
+                                                           args.updates_per_call, self.shardings.batch),
+                                         args.prefetch_size)
+        self.t0 = time.perf_counter()
+        batches = self.prefetcher.get()
+        self.window["wait"] += time.perf_counter() - self.t0
+        return batches
+
+    def learned(self, state: TrainState, metrics: dict, indexes, stamps, priorities) -> None:
+        """After an update call: queue its priorities for the writer thread, take the acting copy
+        of the new parameters."""
+        self.writer.submit(indexes, stamps, priorities, self.sgd_done)
+        self.window["learn"] += time.perf_counter() - self.t0
+        self.sgd_done += self.args.updates_per_call
+        self.metrics = metrics
+        self.act_params = local_copy(state.actor_params)
+
+    def log_if_due(self) -> None:
+        args, step = self.args, self.global_step
+        if step < self.next_log:
+            return
+        self.next_log += args.log_every
+        now = time.perf_counter()
+        window, elapsed = self.window, now - self.window["time"]
+        scalars = {"charts/SPS": (step - window["step"]) / elapsed,
+                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
+                   "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed}
+        if window["learn"] > 0:
+            scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
+        scalars.update({k: float(v) for k, v in self.metrics.items()})
+        self.logger.scalars(step, scalars)
+        fields = (f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
+                  f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
+                  f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}")
+        plain = step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps
+        line = f"step {step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}"
+        self.console.update(step, scalars["charts/SPS"], fields, line if plain else None)
+        window.update(time=now, step=step, sgd=self.sgd_done, wait=0.0, learn=0.0)
+
+    def evaluate(self, prefix: str) -> np.ndarray:
+        video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
+        returns = evaluate(self.act, self.act_params, self.args.env_id, self.args.eval_episodes,
+                           self.args.seed + 10_000, video)
+        self.logger.eval(self.global_step, returns, video)
+        self.last_eval = f"{returns.mean():.1f}"
+        return returns
+
+    def evaluate_if_due(self) -> None:
+        if self.next_eval <= self.global_step < self.args.total_timesteps:  # the final one comes in finish()
+            self.next_eval += self.args.eval_every
+            self.evaluate(f"eval-step-{self.global_step}")
+
+    def checkpoint(self, state: TrainState, key) -> None:
+        self.writer.flush()
+        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
+        if self.args.checkpoint_replay:
+            arrays.update(self.replay.state_dict())
+        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "global_step": self.global_step,
+                                       "episodes": self.episodes},
+                        arrays, self.global_step, self.saved["step"], self.args.keep_checkpoints)
+        self.saved.update(step=self.global_step, time=time.monotonic())
+
+    def checkpoint_if_due(self, state: TrainState, key) -> None:
+        args = self.args
+        if ((self.next_ckpt is not None and self.global_step >= self.next_ckpt)
+                or (args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes)):
+            self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
+            self.checkpoint(state, key)
+
+    def __enter__(self):
+        self.stop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        self.console.end()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
+        self.envs.close()
+
+    def finish(self, state: TrainState, key) -> dict:
+        """The last checkpoint; then, unless a signal stopped the run, model.npz, the final
+        evaluation, curve.png and the --save-dataset file."""
+        self.checkpoint(state, key)
+        run_dir, step = self.run_dir, self.global_step
+        if self.stopped:
+            self.logger.close()
+            print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
+            return {"run_dir": run_dir, "global_step": step, "signal": self.stop.signum}
+        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
+                        tree_arrays("params/", state.actor_params))
+        returns = self.evaluate(f"final-step-{step}")
+        self.logger.close()
+        write_curve(run_dir)
+        if self.args.save_dataset:
+            save_dataset(self.args.save_dataset, self.act, self.act_params, self.args)
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
+        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()),
+                "sgd_steps": int(state.sgd_steps)}
 
 
 # ---------------------------------------------------------------------------------------------
-# Acting
-# ---------------------------------------------------------------------------------------------
-
-def make_act(actor: Actor):
-    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1].
-
-    Stochastic: a sample of the tanh-Gaussian, keyed by fold_in(key, step) so that no key has to
-    be carried out of the call. Deterministic (evaluation): tanh of the mean.
-    """
-
-    def act(params, obs, key, step, deterministic: bool):
-        mean, log_std = actor.apply(params, obs)
-        if deterministic:
-            return jnp.tanh(mean)
-        return sample_tanh_gaussian(mean, log_std, jax.random.fold_in(key, step))[0]
-
-    return jax.jit(act, static_argnames="deterministic")
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation
+# Evaluation and datasets
 # ---------------------------------------------------------------------------------------------
 
 def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0.0, random: bool = False,
@@ -1042,8 +1352,34 @@ def save_dataset(path: str, act, params, args: Args) -> dict:
     return metadata
 
 
+def env_dims(env_id: str) -> Tuple[int, int]:
+    envs = make_env(env_id, 1)
+    dims = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    envs.close()
+    return dims
+
+
+def run_eval_only(args: Args) -> np.ndarray:
+    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = load_npz(path, kind)
+    saved = args_from_json(meta.get("args"), path)
+    obs_dim, action_dim = env_dims(saved.env_id)
+    actor = Actor(action_dim, saved.hidden_sizes)
+    template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
+    params = restore_tree(template, arrays, prefix, path)
+    act = make_act(actor)
+    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
+    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000, video)
+    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    if args.save_dataset:
+        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
+    return returns
+
+
 # ---------------------------------------------------------------------------------------------
-# Checkpoints and logging
+# Checkpoint and model files
 # ---------------------------------------------------------------------------------------------
 
 # A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
@@ -1215,6 +1551,10 @@ def args_from_json(saved, path: str) -> Args:
     return args
 
 
+# ---------------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------------
+
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
     with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
@@ -1353,6 +1693,10 @@ def write_curve(run_dir: str) -> Optional[str]:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Command line, resume and signals
+# ---------------------------------------------------------------------------------------------
+
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
     names, given = {f.name for f in dataclasses.fields(Args)}, set()
@@ -1416,36 +1760,6 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-# ---------------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------------
-
-def env_dims(env_id: str) -> Tuple[int, int]:
-    envs = make_env(env_id, 1)
-    dims = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    envs.close()
-    return dims
-
-
-def run_eval_only(args: Args) -> np.ndarray:
-    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    meta, arrays = load_npz(path, kind)
-    saved = args_from_json(meta.get("args"), path)
-    obs_dim, action_dim = env_dims(saved.env_id)
-    actor = Actor(action_dim, saved.hidden_sizes)
-    template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
-    prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, arrays, prefix, path)
-    act = make_act(actor)
-    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
-    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000, video)
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
-    if args.save_dataset:
-        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
-    return returns
-
-
 def main(args: Args, given: Optional[frozenset] = None) -> dict:
     """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
     `given`: the flags typed on the command line (cli passes them; see typed())."""
@@ -1458,183 +1772,7 @@ def main(args: Args, given: Optional[frozenset] = None) -> dict:
     if args.eval_only:
         returns = run_eval_only(args)
         return {"eval_mean": float(returns.mean())}
-
-    shardings = learner_shardings(args)
-    envs = make_env(args.env_id, args.num_envs)
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    nets = make_nets(args, action_dim)
-    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-    state = init_train_state(nets, args, obs_dim, action_dim, init_key)
-    alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
-    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
-    act = make_act(nets.actor)
-    update = make_update(nets, args, action_dim)
-
-    global_step, episodes = 0, 0
-    # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
-    # once the replay holds learning_starts rows, and again after a resume whose replay was not
-    # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
-    sgd_base, learn_from = 0, args.learning_starts
-    if args.resume:
-        ckpt = os.path.join(args.resume, "checkpoint.npz")
-        meta, arrays = load_npz(ckpt, "checkpoint")
-        state = restore_tree(state, arrays, "train_state/", ckpt)
-        key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-        global_step, episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
-        if any(name.startswith("replay/") for name in arrays):
-            replay.load_state_dict(arrays, ckpt)
-        rows = replay.buffer.get_stored_size()
-        if rows < args.learning_starts:
-            sgd_base, learn_from = int(state.sgd_steps), global_step + args.learning_starts - rows
-        note = f"; learning waits for {learn_from - global_step} new rows" if learn_from > global_step else ""
-        saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-        if saved_total not in (None, args.total_timesteps):
-            note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
-        print(f"resumed {args.resume} at step {global_step} ({int(state.sgd_steps)} SGD steps, "
-              f"{rows} rows in the replay){note}")
-    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-    actor_params = local_copy(state.actor_params)
-    run_dir = args.run_dir or os.path.join(
-        "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    for name in os.listdir(run_dir):
-        if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
-            os.remove(os.path.join(run_dir, name))
-    write_atomic(os.path.join(run_dir, "args.json"),
-                 lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
-    # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
-    # evaluation is done again, so its row goes too).
-    keep_until = global_step if global_step < args.total_timesteps else global_step - 1
-    logger = Logger(run_dir, keep_until if args.resume else None, args)
-    model_path = os.path.join(run_dir, "model.npz")
-    meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
-
-    saved = {"step": global_step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
-
-    def checkpoint():
-        writer.flush()
-        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
-        if args.checkpoint_replay:
-            arrays.update(replay.state_dict())
-        save_checkpoint(run_dir, {**meta, "kind": "checkpoint", "global_step": global_step, "episodes": episodes},
-                        arrays, global_step, saved["step"], args.keep_checkpoints)
-        saved.update(step=global_step, time=time.monotonic())
-
-    def film(prefix: str) -> Optional[Tuple[str, str]]:  # where an evaluation's video goes, if any
-        return (os.path.join(run_dir, "videos"), prefix) if args.capture_video else None
-
-    # The envs restart on resume (their state is not checkpointed); the seed moves with the step
-    # so that a resumed run does not replay the episodes it began with.
-    obs = seed_envs(envs, args.seed + global_step)
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-    sgd_done = int(state.sgd_steps)
-    prefetcher: Optional[Prefetcher] = None
-    writer = PriorityWriter(replay, write=args.prioritized)  # with alpha = 0 a write would change nothing
-    metrics: dict = {}
-    window = {"time": time.perf_counter(), "step": global_step, "sgd": sgd_done, "wait": 0.0, "learn": 0.0}
-    next_eval, next_log = next_multiple(global_step, args.eval_every), next_multiple(global_step, args.log_every)
-    next_ckpt = next_multiple(global_step, args.checkpoint_every)
-    last_eval = None
-    console = Console(args.total_timesteps, global_step, "steps")
-    stop = StopRequest()
-    try:
-        with stop:
-            while global_step < args.total_timesteps and stop.signum is None:
-                if global_step < args.learning_starts:
-                    action = from_env_action(envs.action_space.sample(), low, high)
-                else:
-                    action = np.asarray(act(actor_params, obs, key, np.int32(global_step),
-                                            deterministic=False))
-                next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
-                done = terminated | truncated
-                replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info),
-                                      terminated, truncated))
-                obs = next_obs
-                global_step += args.num_envs
-                ep_return += reward
-                ep_length += 1
-                if done.any():
-                    for i in np.flatnonzero(done):
-                        episodes += 1
-                        logger.scalars(global_step, {"charts/episodic_return": ep_return[i],
-                                                     "charts/episodic_length": ep_length[i]})
-                    ep_return[done], ep_length[done] = 0.0, 0
-
-                # Replay ratio: one SGD step per train_frequency env steps after learning_starts,
-                # executed in groups of updates_per_call.
-                sgd_due = sgd_base + max(0, global_step - learn_from) // args.train_frequency
-                while sgd_due - sgd_done >= args.updates_per_call:
-                    replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, global_step)
-                    replay.flush()
-                    if prefetcher is None:
-                        sample = functools.partial(sample_batches, replay, args.batch_size, args.updates_per_call,
-                                                   shardings.batch)
-                        prefetcher = Prefetcher(sample, args.prefetch_size)
-                    t0 = time.perf_counter()
-                    batches, indexes, stamps = prefetcher.get()
-                    t1 = time.perf_counter()
-                    state, metrics, priorities = update(state, batches, key)
-                    actor_params = local_copy(state.actor_params)
-                    writer.submit(indexes, stamps, priorities, sgd_done)
-                    window["wait"] += t1 - t0
-                    window["learn"] += time.perf_counter() - t0
-                    sgd_done += args.updates_per_call
-
-                if global_step >= next_log:
-                    next_log += args.log_every
-                    now = time.perf_counter()
-                    elapsed = now - window["time"]
-                    scalars = {"charts/SPS": (global_step - window["step"]) / elapsed,
-                               "replay/beta": replay.beta, "replay/priority_max": replay.max_priority(),
-                               "perf/updates_per_second": (sgd_done - window["sgd"]) / elapsed}
-                    if window["learn"] > 0:
-                        scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
-                    scalars.update({k: float(v) for k, v in metrics.items()})
-                    logger.scalars(global_step, scalars)
-                    fields = (f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
-                              f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
-                              f"episodes {episodes}  eval {last_eval if last_eval is not None else '-'}")
-                    plain = global_step % (10 * args.log_every) < args.num_envs or global_step >= args.total_timesteps
-                    line = f"step {global_step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}"
-                    console.update(global_step, scalars["charts/SPS"], fields, line if plain else None)
-                    window.update(time=now, step=global_step, sgd=sgd_done, wait=0.0, learn=0.0)
-                if next_eval <= global_step < args.total_timesteps:  # the final one comes below
-                    next_eval += args.eval_every
-                    video = film(f"eval-step-{global_step}")
-                    returns = evaluate(act, actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
-                    logger.eval(global_step, returns, video)
-                    last_eval = f"{returns.mean():.1f}"
-                if ((next_ckpt is not None and global_step >= next_ckpt)
-                        or (args.checkpoint_minutes and time.monotonic() - saved["time"] >= 60 * args.checkpoint_minutes)):
-                    next_ckpt = next_multiple(global_step, args.checkpoint_every)
-                    checkpoint()
-    finally:
-        console.end()
-        if prefetcher is not None:
-            prefetcher.close()
-        writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
-        envs.close()
-    checkpoint()
-    if stop.signum is not None:
-        logger.close()
-        print(f"stopped by signal {stop.signum} at step {global_step}; "
-              f"continue with --resume {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": global_step, "signal": stop.signum}
-
-    save_npz_atomic(model_path, {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
-    video = film(f"final-step-{global_step}")
-    returns = evaluate(act, actor_params, args.env_id, args.eval_episodes, args.seed + 10_000, video)
-    logger.eval(global_step, returns, video)
-    logger.close()
-    write_curve(run_dir)
-    if args.save_dataset:
-        save_dataset(args.save_dataset, act, actor_params, args)
-    print(f"final eval at step {global_step}: {returns.mean():.2f} +- {returns.std():.2f}; "
-          f"run dir {run_dir}", flush=True)
-    return {"run_dir": run_dir, "global_step": global_step, "eval_mean": float(returns.mean()),
-            "sgd_steps": int(state.sgd_steps)}
+    return train(args)
 
 
 def cli(argv=None) -> int:
