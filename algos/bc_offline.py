@@ -12,8 +12,8 @@ What it implements
     and puts batches on the device, K SGD steps fused in one jitted `lax.scan`, priorities
     written back from another thread. Each of the K minibatches of a call is its own stratified
     draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample; a
-    permutation of one K*B draw would cost less, 5.94 against 7.08 ms per call, but keep one
-    draw's strata instead of the paper's per-minibatch ones: README). With --num-devices N the
+    permutation of one K*B draw would cost less but keep one draw's strata instead of the
+    paper's per-minibatch ones: README, Sampling). With --num-devices N the
     SGD steps run data parallel on N local devices (replicated parameters, each batch split,
     gradients averaged; see learner_shardings).
 

@@ -26,18 +26,15 @@ Update equations (one SGD step on a batch of B transitions i, each spanning k_i 
              normalised over the minibatch, as Acme and Dopamine do (--per-weight-norm batch).
              cpprb's own rule divides by the largest weight over the whole buffer, i.e. by the
              transition with the smallest priority: one transition fitted to |delta| ~ 0 then
-             shrinks every weight (mean sampled weight 4e-4 to 7e-4 at the end of the CartPole
-             runs, against 0.10 to 0.14 per minibatch), so the effective step size collapses and
-             the gradient clip never acts. On CartPole-v1 (5 seeds) the minibatch rule reached 475
-             at a median 35k steps against cpprb's 60k and had the best mean evaluation over the
-             run (396 against 365; cpprb's rule with --per-eps 1e-2: 10k, but 371): README.
+             shrinks every weight, so the effective step size collapses and the gradient clip
+             never acts; the minibatch rule learned CartPole-v1 sooner (README, Sampling).
   beta     annealed linearly from --per-beta0 to 1 over --total-timesteps.
   Sampling: each of the K minibatches of one fused call is its own stratified draw over the whole
              buffer (B strata of the total priority, the paper's rule per minibatch); see
              PrioritizedReplay._sample_rows for why one draw of K*B rows cut into K would be wrong.
-             One K*B draw and a permutation would also mix the minibatches, and costs less (2.37
-             against 3.83 ms per call here), but keeps one draw's strata, not the paper's; the
-             extra time runs on the prefetch thread (README, Sampling).
+             One K*B draw and a permutation would also mix the minibatches, and costs less, but
+             keeps one draw's strata, not the paper's; the extra time runs on the prefetch thread
+             (README, Sampling).
   theta_target <- tau * theta + (1 - tau) * theta_target   every --target-network-frequency SGD steps.
 
 --no-prioritized runs exactly the same code with alpha = 0: every P(i) = 1/N and every w_i = 1,
@@ -53,11 +50,11 @@ Pixels (Atari)
   games. Evaluation: epsilon 0.001 (tuned Double DQN's protocol, which the PER paper followed).
   ALE v5 keeps its sticky actions (repeat probability 0.25; Machado et al. 2018, arXiv:1709.06009),
   which the 2016 papers did not have.
-  Memory: the replay keeps every frame once (FrameStore) and its rows keep frame numbers: about
-  7.2 KB per transition instead of 56.5 KB for obs and next_obs as pixel stacks, so the PER
-  paper's 1M-transition buffer takes ~7.2 GB of RAM instead of ~57 GB (measured: README).
+  Memory: the replay keeps every frame once (FrameStore) and its rows keep frame numbers, not
+  pixel stacks for obs and next_obs: about 8x less, so the PER paper's 1M-transition buffer fits
+  in the RAM of a workstation (measured: README, DQN on Atari).
   --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
-  source). On a CPU this is slow (about 90 env steps/s while learning on 2 cores; README).
+  source). On a CPU this is slow (README, DQN on Atari).
 
 Map of this file
   Part 1, the algorithm: Args (the flags) and ATARI_PRESET, QNetwork, NStepAssembler,
@@ -99,7 +96,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # One thread per XLA CPU computation: these networks are too small for intra-op parallelism to
 # pay, and on a few cores its worker threads compete with the env, the prefetch thread and the
-# priority writer (1.4x faster in a side-by-side pair of runs at 8 envs on 2 cores).
+# priority writer (faster without them: README, Speed).
 # No effect on GPU.
 if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -607,8 +604,8 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
     q_tm1 = q_apply(params, batch["obs"])
     # The online net at s' only selects a*: no gradient flows there (rlax stops it as well), and a
-    # forward pass of its own keeps s' out of the backward pass. One pass over s and s' together
-    # cost more: 1.3x per SGD step for the MLP, 1.6-1.8x for the Nature CNN (measured on CPU).
+    # forward pass of its own keeps s' out of the backward pass: cheaper on CPU than one pass
+    # over s and s' together (README, Design notes).
     q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
     q_t_value = q_apply(target_params, batch["next_obs"])
     td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
@@ -622,9 +619,8 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
 
     The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
-    is for convolutions on CPU: XLA's CPU backend runs them 6-10x slower inside a loop (measured
-    for the Nature CNN at B=32: ~240 ms per SGD step in a scan, ~37 ms unrolled), at the price of
-    a compile time that grows with K (~22 s for K=32). The state must be on the devices of
+    is for convolutions on CPU: XLA's CPU backend runs them several times slower inside a loop
+    (README, DQN on Atari), at the price of a compile time that grows with K. The state must be on the devices of
     learner_shardings(args) (jax.device_put(state, shardings.replicated)).
     """
     shardings = learner_shardings(args)

@@ -36,8 +36,8 @@ Update equations (batch of B transitions i spanning k_i <= n steps; actions live
   with the max over the minibatch (--per-weight-norm batch, as Acme and Dopamine; 'buffer' is
   cpprb's rule, the max over all N), beta annealed to 1. Each of the K minibatches of a fused
   call is its own stratified draw over the whole buffer (the PER paper's rule per minibatch;
-  one K*B draw and a permutation would mix them too for less, 8.35 against 10.09 ms per call
-  here, but keeps one draw's strata; the extra time runs on the prefetch thread: README).
+  one K*B draw and a permutation would mix them too for less, but keeps one draw's strata; the
+  extra time runs on the prefetch thread: README, Sampling).
 
 Design choices
   * The log-probability is that of the action in [-1, 1]; the env's bounds are applied after,
