@@ -44,9 +44,16 @@ import numpy as np
 # Return thresholds for "steps to threshold": gymnasium's EnvSpec.reward_threshold where it has
 # one; Pendulum-v1 has none, so it gets the -200 bar the SAC issue set. BC runs are measured on
 # the normalised score instead (90 = 90% of the way from a random to the dataset policy).
-RETURN_THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0,
-                     "LunarLander-v3": 200.0, "Pendulum-v1": -200.0, "HalfCheetah-v5": 4800.0,
-                     "Hopper-v5": 3800.0, "Ant-v5": 6000.0}  # Walker2d-v5 has none
+RETURN_THRESHOLDS = {
+    "CartPole-v1": 475.0,
+    "Acrobot-v1": -100.0,
+    "MountainCar-v0": -110.0,
+    "LunarLander-v3": 200.0,
+    "Pendulum-v1": -200.0,
+    "HalfCheetah-v5": 4800.0,
+    "Hopper-v5": 3800.0,
+    "Ant-v5": 6000.0,
+}  # Walker2d-v5 has none
 NORMALIZED_SCORE_THRESHOLD = 90.0
 BOOTSTRAP_SAMPLES = 10_000
 
@@ -57,11 +64,11 @@ class Run:
     config: str
     task: str
     seed: str
-    path: str                       # the run dir (may not exist if the script failed early)
-    status: str                     # "ok", "crashed (exit N)" or "unfinished"
+    path: str  # the run dir (may not exist if the script failed early)
+    status: str  # "ok", "crashed (exit N)" or "unfinished"
     env_id: Optional[str] = None
     curve: List[Tuple[int, float]] = field(default_factory=list)  # (step, eval mean)
-    normalized: List[float] = field(default_factory=list)         # BC: normalised score per eval
+    normalized: List[float] = field(default_factory=list)  # BC: normalised score per eval
     env_sps: Optional[float] = None
     learning_sps: Optional[float] = None
     updates_per_second: Optional[float] = None
@@ -115,7 +122,10 @@ def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Opt
                 ups.append(e.value)
                 if e.step in sps:
                     learning_sps.append(sps[e.step])
-    median = lambda xs: statistics.median(xs) if xs else None
+
+    def median(xs):
+        return statistics.median(xs) if xs else None
+
     env_sps = last_step / elapsed if last_step is not None and elapsed > 0 else None
     return env_sps, median(learning_sps), median(ups)
 
@@ -162,9 +172,11 @@ def discover(root: str) -> List[Run]:
             for suffix in (".log", ".exit"):
                 stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
             stems.add(stem)
+
     def order(stem):  # by suite, config, task, then seed as a number (seed2 before seed10)
         *names, seed = os.path.relpath(stem, root).split(os.sep)
         return names, int(re.sub(r"\D", "", seed) or 0)
+
     return [load_run(stem, root) for stem in sorted(stems, key=order)]
 
 
@@ -178,8 +190,11 @@ def bootstrap_ci(values: List[float], rng: np.random.Generator) -> Tuple[float, 
 def summarise_group(runs: List[Run]) -> Dict[str, object]:
     ok = [r for r in runs if r.status == "ok"]
     finals = [r.final for r in ok]
-    out: Dict[str, object] = {"seeds": len(runs), "ok": len(ok),
-                              "failed": [(r.seed, r.status) for r in runs if r.status != "ok"]}
+    out: Dict[str, object] = {
+        "seeds": len(runs),
+        "ok": len(ok),
+        "failed": [(r.seed, r.status) for r in runs if r.status != "ok"],
+    }
     if not ok:
         return out
     out["final_mean"] = float(np.mean(finals))
@@ -205,9 +220,11 @@ def fmt(x: Optional[float], digits: int = 1) -> str:
 
 
 def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
-    lines = ["| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
-             "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
+        "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     notes = []
     # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0].split("-")[0], kv[0][1], kv[0][0]))
@@ -228,8 +245,10 @@ def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
             row = ["no finished run", "-", "-", "-", "-", "-"]
         lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {s['ok']}/{s['seeds']} |")
         for seed, status in s["failed"]:
-            notes.append(f"- {config} / {task} / seed {seed}: **{status}**, see "
-                         f"`{os.path.join(suite, config, task, 'seed' + seed)}.log`")
+            notes.append(
+                f"- {config} / {task} / seed {seed}: **{status}**, see "
+                f"`{os.path.join(suite, config, task, 'seed' + seed)}.log`"
+            )
     return lines + ([""] + notes if notes else [])
 
 
@@ -237,6 +256,7 @@ def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> O
     """Mean eval curve per config over the seeds that finished, band = +- one std over seeds."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -283,42 +303,61 @@ def machine() -> str:
 
 
 def describe_bc_pipeline(p: dict) -> List[str]:
-    return [f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
-            f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
-            f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
-            f"{p['updates_per_second_resident']:,.0f} on device-resident batches.", ""]
+    return [
+        f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
+        f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
+        f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
+        f"{p['updates_per_second_resident']:,.0f} on device-resident batches.",
+        "",
+    ]
 
 
 def describe_replay_memory(rows: List[dict]) -> List[str]:
-    return ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |",
-            "|---|---:|---:|---:|---:|"] + [
-        f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
-        f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |" for m in rows] + [""]
+    return (
+        ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |", "|---|---:|---:|---:|---:|"]
+        + [
+            f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
+            f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |"
+            for m in rows
+        ]
+        + [""]
+    )
 
 
 def describe_prefetch(p: dict) -> List[str]:
-    return [f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
-            f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
-            f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
-            f"median over {len(p['on'])} repeats); sampling + device_put "
-            f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.", ""]
+    return [
+        f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
+        f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
+        f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
+        f"median over {len(p['on'])} repeats); sampling + device_put "
+        f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.",
+        "",
+    ]
 
 
 # Files that benchmark.sh writes into a suite's folder besides the runs (speed; atari).
-SIDE_FILES = {"bc-pipeline.json": describe_bc_pipeline, "replay-memory.jsonl": describe_replay_memory,
-              "prefetch.json": describe_prefetch}
+SIDE_FILES = {
+    "bc-pipeline.json": describe_bc_pipeline,
+    "replay-memory.jsonl": describe_replay_memory,
+    "prefetch.json": describe_prefetch,
+}
 
 
 def write_summary(root: str, out_dir: str) -> str:
     runs = discover(root)
     if not runs:
-        raise SystemExit(f"benchmark_summary.py: error: no runs under {root} "
-                         "(expected <suite>/<config>/<task>/seed<N>)")
+        raise SystemExit(
+            f"benchmark_summary.py: error: no runs under {root} (expected <suite>/<config>/<task>/seed<N>)"
+        )
     os.makedirs(out_dir, exist_ok=True)
-    lines = ["# Benchmark summary", "",
-             f"Made by `benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
-             "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
-             "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std.", ""]
+    lines = [
+        "# Benchmark summary",
+        "",
+        f"Made by `benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
+        "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
+        "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std.",
+        "",
+    ]
     for suite in sorted({r.suite for r in runs}):
         in_suite = [r for r in runs if r.suite == suite]
         groups: Dict[Tuple[str, str], List[Run]] = {}

@@ -28,8 +28,9 @@ Losses (per example i; the batch loss is (1/B) sum_i w_i * l_i, w_i = 1 without 
   so its priority is its data-fit term alone,
   p_i = (1/2) sum_j ((atanh(a~_ij) - mu_ij) / sigma_ij)^2 + eps >= 0: half the squared distance
   of the data's action from the policy's mean in standard deviations, without the log-normaliser
-  and the tanh Jacobian, which do not measure the fit. P(i) = p_i^alpha / sum p^alpha, w_i = (N P(i))^-beta / max_j w_j with the
-  max over the minibatch (--per-weight-norm batch) or the whole dataset (buffer).
+  and the tanh Jacobian, which do not measure the fit. P(i) = p_i^alpha / sum p^alpha,
+  w_i = (N P(i))^-beta / max_j w_j with the max over the minibatch (--per-weight-norm batch) or
+  the whole dataset (buffer).
   Evaluation acts deterministically: argmax, tanh(f(s)) or tanh(mu(s)), mapped to the bounds.
   Normalised score = 100 * (R - ref_min) / (ref_max - ref_min).
 
@@ -66,8 +67,8 @@ Outputs (runs/<env_id>__bc_offline__<seed>__<unix_time>/)
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction),
   checkpoint.npz (atomic; every --checkpoint-every updates and --checkpoint-minutes;
   --keep-checkpoints K keeps the K - 1 before it as checkpoint-<update>.npz) and model.npz
-  (parameters and observation statistics): arrays and JSON, read without pickle; curve.png (eval returns and training loss, with matplotlib), videos/
-  (--capture-video), wandb/ (--track).
+  (parameters and observation statistics): arrays and JSON, read without pickle; curve.png
+  (eval returns and training loss, with matplotlib), videos/ (--capture-video), wandb/ (--track).
   Console: one refreshing progress line on a terminal, a plain line every --log-every otherwise.
 """
 
@@ -111,8 +112,9 @@ SCRIPT = "bc_offline"
 CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 ACTION_EDGE = 1.0 - 1e-5  # dataset actions at the bounds would have atanh = inf
-DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "data", "pendulum-sac-expert.hdf5")
+DEFAULT_DATASET = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pendulum-sac-expert.hdf5"
+)
 
 
 # =============================================================================================
@@ -209,8 +211,10 @@ class Args:
 # Policy network
 # ---------------------------------------------------------------------------------------------
 
+
 class Policy(nn.Module):
     """MLP on normalised observations: logits (discrete), or (mean, log_std) in pre-tanh space."""
+
     out_dim: int
     hidden_sizes: Tuple[int, ...]
     gaussian: bool  # also output a log-std head (--loss nll)
@@ -230,6 +234,7 @@ class Policy(nn.Module):
 # The prioritized dataset
 # ---------------------------------------------------------------------------------------------
 
+
 class PrioritizedDataset:
     """Proportional prioritized sampling (Schaul et al. 2016) of a fixed dataset, on cpprb.
     P(i) = p_i^alpha / sum_j p_j^alpha (one stratified draw of B per minibatch, in sample),
@@ -244,8 +249,10 @@ class PrioritizedDataset:
 
     def __init__(self, obs: np.ndarray, actions: np.ndarray, alpha: float, eps: float, weight_norm: str = "batch"):
         n, self.weight_norm = len(obs), weight_norm
-        spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32},
-                "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype}}
+        spec = {
+            "obs": {"shape": obs.shape[1], "dtype": np.float32},
+            "action": {"shape": actions.shape[1] if actions.ndim == 2 else 1, "dtype": actions.dtype},
+        }
         self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
         self.buffer.add(obs=obs, action=actions)  # one call: all rows, at priority 1
         self.priority = np.ones(n, np.float64)
@@ -306,6 +313,7 @@ class PrioritizedDataset:
 # Learner
 # ---------------------------------------------------------------------------------------------
 
+
 class ObsStats(NamedTuple):
     mean: np.ndarray
     std: np.ndarray
@@ -343,7 +351,7 @@ def per_example_loss(policy: Policy, mode: str, params, obs, action):
     u = jnp.arctanh(a)
     misfit = 0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2, axis=-1)
     log_normaliser = jnp.sum(log_std, axis=-1) + 0.5 * out.shape[-1] * jnp.log(2.0 * jnp.pi)
-    return misfit + log_normaliser + jnp.sum(jnp.log(1.0 - a ** 2), axis=-1), misfit
+    return misfit + log_normaliser + jnp.sum(jnp.log(1.0 - a**2), axis=-1), misfit
 
 
 def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings: Shardings):
@@ -368,13 +376,18 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings
         state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/bc_loss": loss.mean()}, priorities
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    return jax.jit(
+        update,
+        donate_argnums=0,
+        in_shardings=(shardings.replicated, shardings.batch),
+        out_shardings=(shardings.replicated, shardings.replicated, shardings.batch),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Acting (evaluation)
 # ---------------------------------------------------------------------------------------------
+
 
 def deterministic_action(policy: Policy, mode: str, params, obs):
     out, _ = policy.apply(params, obs)
@@ -395,6 +408,7 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
 # Training loop
 # ---------------------------------------------------------------------------------------------
 
+
 def train(args: Args) -> dict:
     """Train with checked flags (main() checks them and merges a --resume run's own). Returns
     {run_dir, updates, eval_mean, score}, or {..., signal} when a signal stopped it."""
@@ -406,8 +420,13 @@ def train(args: Args) -> dict:
     optimizer = make_optimizer(args)
     params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, data.dataset.observations.shape[1])))
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-    replay = PrioritizedDataset(data.dataset.observations, data.dataset.actions,
-                                args.per_alpha if args.prioritized else 0.0, args.per_eps, args.per_weight_norm)
+    replay = PrioritizedDataset(
+        data.dataset.observations,
+        data.dataset.actions,
+        args.per_alpha if args.prioritized else 0.0,
+        args.per_eps,
+        args.per_weight_norm,
+    )
     update = make_update(policy, data.mode, optimizer, stats, shardings)
     act = make_act(policy, data.mode)
     print(f"{len(data.dataset.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
@@ -442,6 +461,7 @@ def train(args: Args) -> dict:
 # Errors and flag checks
 # ---------------------------------------------------------------------------------------------
 
+
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
@@ -458,17 +478,26 @@ def check_args(args: Args, packages: bool = True) -> None:
     """One ConfigError for the first bad flag. packages=False skips the optional packages of
     --capture-video and --track: flags read from a file need them only where this process acts on
     them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
-    positive = ("total_updates", "batch_size", "updates_per_call", "prefetch_size", "eval_every",
-                "eval_episodes", "log_every", "learning_rate", "per_eps")
+    positive = (
+        "total_updates",
+        "batch_size",
+        "updates_per_call",
+        "prefetch_size",
+        "eval_every",
+        "eval_episodes",
+        "log_every",
+        "learning_rate",
+        "per_eps",
+    )
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
         raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
-    for field in dataclasses.fields(Args):  # NaN passes every comparison below
-        value = getattr(args, field.name)
+    for flag in dataclasses.fields(Args):  # NaN passes every comparison below
+        value = getattr(args, flag.name)
         if isinstance(value, float) and not np.isfinite(value):
-            raise ConfigError(f"--{field.name.replace('_', '-')} must be a finite number, got {value}")
+            raise ConfigError(f"--{flag.name.replace('_', '-')} must be a finite number, got {value}")
     if args.loss not in ("mse", "nll"):
         raise ConfigError(f"--loss must be 'mse' or 'nll', got {args.loss!r}")
     if not 0.0 < args.top_fraction <= 1.0:
@@ -508,10 +537,10 @@ REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 
 class Dataset(NamedTuple):
     observations: np.ndarray  # [N, obs_dim] float32
-    actions: np.ndarray       # [N] int64 (discrete) or [N, action_dim] float32
-    rewards: np.ndarray       # [N] float32
-    terminals: np.ndarray     # [N] bool: the episode ended in a terminal state
-    timeouts: np.ndarray      # [N] bool: the episode was cut off (or the trajectory ends here)
+    actions: np.ndarray  # [N] int64 (discrete) or [N, action_dim] float32
+    rewards: np.ndarray  # [N] float32
+    terminals: np.ndarray  # [N] bool: the episode ended in a terminal state
+    timeouts: np.ndarray  # [N] bool: the episode was cut off (or the trajectory ends here)
     metadata: dict
 
 
@@ -552,24 +581,34 @@ def _from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
         # would continue it, and --top-fraction would rank the two by their summed return. A
         # timeout, not a terminal: the episode was cut off, it did not reach a terminal state.
         timeouts[-1] = True
-    return Dataset(arrays["observations"].astype(np.float32).reshape(n, -1),
-                   actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1),
-                   arrays["rewards"].astype(np.float32).reshape(n), terminals, timeouts, metadata)
+    return Dataset(
+        arrays["observations"].astype(np.float32).reshape(n, -1),
+        actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1),
+        arrays["rewards"].astype(np.float32).reshape(n),
+        terminals,
+        timeouts,
+        metadata,
+    )
 
 
 def read_d4rl_hdf5(path: str) -> Dataset:
     with h5py.File(path, "r") as f:
         arrays = {k: f[k][()] for k in REQUIRED if k in f and isinstance(f[k], h5py.Dataset)}
         group = f["metadata"] if "metadata" in f else None
-        metadata = {} if group is None else _clean_metadata(
-            [*group.attrs.items(), *((k, v[()]) for k, v in group.items() if isinstance(v, h5py.Dataset))])
+        metadata = (
+            {}
+            if group is None
+            else _clean_metadata(
+                [*group.attrs.items(), *((k, v[()]) for k, v in group.items() if isinstance(v, h5py.Dataset))]
+            )
+        )
     return _from_flat(arrays, metadata, path)
 
 
 def read_npz(path: str) -> Dataset:
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in REQUIRED if k in z.files}
-        metadata = _clean_metadata((k[len("metadata/"):], z[k]) for k in z.files if k.startswith("metadata/"))
+        metadata = _clean_metadata((k[len("metadata/") :], z[k]) for k in z.files if k.startswith("metadata/"))
     return _from_flat(arrays, metadata, path)
 
 
@@ -613,8 +652,10 @@ def _minari_metadata(meta_path: str) -> dict:
     for key, allowed in (("observation_space", MINARI_OBS_SPACES), ("action_space", MINARI_ACTION_SPACES)):
         kind = _json_object(raw.get(key)).get("type")
         if kind is not None and kind not in allowed:
-            raise ConfigError(f"{meta_path}: the {key} is a {kind} space; BC here reads {', '.join(allowed)} "
-                              f"(flatten it with a gymnasium wrapper before collecting)")
+            raise ConfigError(
+                f"{meta_path}: the {key} is a {kind} space; BC here reads {', '.join(allowed)} "
+                f"(flatten it with a gymnasium wrapper before collecting)"
+            )
     metadata = {k: v for k, v in raw.items() if isinstance(v, (str, int, float, bool))}
     # minari evaluates on eval_env_spec when the dataset has one (its reference scores were
     # measured there) and on env_spec otherwise; both are a gymnasium EnvSpec as a JSON string.
@@ -635,16 +676,19 @@ def _minari_episode(ep: h5py.Group, where: str) -> Tuple[np.ndarray, ...]:
     for key in MINARI_KEYS:
         if key in ("observations", "actions") and isinstance(ep[key], h5py.Group):
             # how minari stores the samples of a Dict or Tuple space
-            raise ConfigError(f"{where}: {key} are an HDF5 group, i.e. a Dict or Tuple space; "
-                              f"BC here reads flat Box and Discrete spaces")
+            raise ConfigError(
+                f"{where}: {key} are an HDF5 group, i.e. a Dict or Tuple space; "
+                f"BC here reads flat Box and Discrete spaces"
+            )
         if not isinstance(ep[key], h5py.Dataset):
             raise ConfigError(f"{where}: {key} is not an array")
     # Dtypes before reading: a JPEG-encoded image (minari's default for uint8 image spaces) is
     # a variable-length byte string and text a string, neither an array of numbers.
     for key in MINARI_KEYS:
         if ep[key].dtype.kind not in "biuf":
-            raise ConfigError(f"{where}: {key} are not numbers (dtype {ep[key].dtype}; "
-                              f"JPEG-encoded images and text are not read)")
+            raise ConfigError(
+                f"{where}: {key} are not numbers (dtype {ep[key].dtype}; JPEG-encoded images and text are not read)"
+            )
     if ep["actions"].ndim == 0 or ep["observations"].ndim == 0:
         raise ConfigError(f"{where}: observations and actions must be arrays with a time axis")
     T = ep["actions"].shape[0]
@@ -678,12 +722,12 @@ def read_minari(folder: str) -> Dataset:
     with h5py.File(path, "r") as f:
         names = list(f.keys())
         for name in names:
-            is_episode = name.startswith("episode_") and name[len("episode_"):].isdigit()
+            is_episode = name.startswith("episode_") and name[len("episode_") :].isdigit()
             if not (is_episode and isinstance(f[name], h5py.Group)):
                 raise ConfigError(f"{path}: {name!r} is not an episode group (episode_<id>)")
         if not names:
             raise ConfigError(f"{path}: no episodes")
-        names.sort(key=lambda name: int(name[len("episode_"):]))  # in id order, not episode_10 < episode_2
+        names.sort(key=lambda name: int(name[len("episode_") :]))  # in id order, not episode_10 < episode_2
         first = None
         for name in names:
             where = f"{path}: {name}"
@@ -694,10 +738,14 @@ def read_minari(folder: str) -> Dataset:
                 first = (name, obs.shape[1:], actions.dtype, actions.shape[1:])
             elif obs.shape[1:] != first[1]:
                 raise ConfigError(f"{where}: observations of shape {obs.shape[1:]}, {first[0]}'s are {first[1]}")
-            elif (np.issubdtype(actions.dtype, np.integer) != np.issubdtype(first[2], np.integer)
-                  or actions.shape[1:] != first[3]):
-                raise ConfigError(f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, "
-                                  f"{first[0]}'s are {first[2]} of shape {first[3]}")
+            elif (
+                np.issubdtype(actions.dtype, np.integer) != np.issubdtype(first[2], np.integer)
+                or actions.shape[1:] != first[3]
+            ):
+                raise ConfigError(
+                    f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, "
+                    f"{first[0]}'s are {first[2]} of shape {first[3]}"
+                )
             if len(actions) and not (terminals[-1] or timeouts[-1]):
                 timeouts[-1] = True  # a stored episode ends here whatever its flags say
             parts["observations"].append(obs[:-1])
@@ -734,8 +782,9 @@ def read_dataset(path: str) -> Dataset:
             raise ConfigError(f"{path}: {name} contain NaN or inf")
     for key in ("ref_min_score", "ref_max_score"):  # used in arithmetic at every evaluation
         value = ds.metadata.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not np.isfinite(value)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value)
+        ):
             raise ConfigError(f"{path}: metadata {key} must be a number, got {value!r}")
     env_id = ds.metadata.get("env_id")
     if env_id is not None and not (isinstance(env_id, str) and env_id):
@@ -748,12 +797,17 @@ def read_dataset(path: str) -> Dataset:
 def concatenate(datasets: List[Dataset], paths: List[str]) -> Dataset:
     first = datasets[0]
     for ds, path in zip(datasets[1:], paths[1:]):
-        if ds.observations.shape[1:] != first.observations.shape[1:] or ds.actions.shape[1:] != first.actions.shape[1:] \
-                or ds.actions.dtype != first.actions.dtype:
+        if (
+            ds.observations.shape[1:] != first.observations.shape[1:]
+            or ds.actions.shape[1:] != first.actions.shape[1:]
+            or ds.actions.dtype != first.actions.dtype
+        ):
             raise ConfigError(f"{path}: observations/actions do not match those of {paths[0]}")
         env_ids = {first.metadata.get("env_id"), ds.metadata.get("env_id")} - {None}
         if len(env_ids) > 1:
-            raise ConfigError(f"{path}: env {ds.metadata.get('env_id')} differs from {first.metadata.get('env_id')} of {paths[0]}")
+            raise ConfigError(
+                f"{path}: env {ds.metadata.get('env_id')} differs from {first.metadata.get('env_id')} of {paths[0]}"
+            )
     metadata = {}
     for ds in reversed(datasets):  # the first file's values win
         metadata.update(ds.metadata)
@@ -791,13 +845,13 @@ def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
 
 
 class TrainingData(NamedTuple):
-    dataset: Dataset   # after --top-fraction, continuous actions mapped to [-1, 1]
+    dataset: Dataset  # after --top-fraction, continuous actions mapped to [-1, 1]
     env_id: str
-    mode: str          # "discrete", "mse" or "nll"
-    out_dim: int       # number of actions (discrete) or action dimensions
+    mode: str  # "discrete", "mse" or "nll"
+    out_dim: int  # number of actions (discrete) or action dimensions
     ref_min: Optional[float]
     ref_max: Optional[float]
-    digest: str        # fingerprint of the training data, checked on --resume
+    digest: str  # fingerprint of the training data, checked on --resume
 
 
 def load_training_data(args: Args) -> TrainingData:
@@ -822,28 +876,44 @@ def load_training_data(args: Args) -> TrainingData:
     ref_min = args.ref_min_score if args.ref_min_score is not None else ds.metadata.get("ref_min_score")
     ref_max = args.ref_max_score if args.ref_max_score is not None else ds.metadata.get("ref_max_score")
     digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
-    return TrainingData(ds, env_id, "discrete" if discrete else args.loss,
-                        int(space.n) if discrete else space.shape[0], ref_min, ref_max, digest)
+    return TrainingData(
+        ds,
+        env_id,
+        "discrete" if discrete else args.loss,
+        int(space.n) if discrete else space.shape[0],
+        ref_min,
+        ref_max,
+        digest,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------
 
+
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
     """A synchronous vector env for evaluation, with the autoreset mode set explicitly; with
     video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode)."""
     wrappers, kwargs = ([film_first_episode(*video)], {"render_mode": "rgb_array"}) if video is not None else ([], {})
     try:
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
+        envs = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            wrappers=wrappers,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            **kwargs,
+        )
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     except ImportError as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e} (pip install -r requirements.txt)") from None
     space = envs.single_action_space
-    if not (isinstance(space, gym.spaces.Discrete) or
-            (isinstance(space, gym.spaces.Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)))):
+    if not (
+        isinstance(space, gym.spaces.Discrete)
+        or (isinstance(space, gym.spaces.Box) and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)))
+    ):
         envs.close()
         raise ConfigError(f"{env_id} has action space {space}; BC here handles Discrete and bounded Box actions")
     return envs
@@ -866,8 +936,9 @@ def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]
         filmed.append(True)
         with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-            return gym.wrappers.RecordVideo(env, folder, episode_trigger=lambda episode: episode == 0,
-                                            name_prefix=prefix)
+            return gym.wrappers.RecordVideo(
+                env, folder, episode_trigger=lambda episode: episode == 0, name_prefix=prefix
+            )
 
     return wrap
 
@@ -885,8 +956,10 @@ def check_dataset_matches_env(ds: Dataset, envs: gym.vector.VectorEnv, where: st
     space = envs.single_action_space
     if isinstance(space, gym.spaces.Discrete):
         if ds.actions.ndim != 1 or not np.issubdtype(ds.actions.dtype, np.integer):
-            raise ConfigError(f"{where}: the env has discrete actions but the dataset's actions are "
-                              f"{ds.actions.dtype} of shape {ds.actions.shape[1:]}")
+            raise ConfigError(
+                f"{where}: the env has discrete actions but the dataset's actions are "
+                f"{ds.actions.dtype} of shape {ds.actions.shape[1:]}"
+            )
         if ds.actions.min() < 0 or ds.actions.max() >= space.n:
             raise ConfigError(f"{where}: actions outside 0..{space.n - 1}")
     else:
@@ -911,6 +984,7 @@ def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -
 # Replay plumbing
 # ---------------------------------------------------------------------------------------------
 
+
 def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
     """What the learner gets for one call: (batches[K, B, ...] on the device(s), row indexes[K * B]).
     Runs on the prefetch thread, so the device transfer is off the learner's path too; with
@@ -923,6 +997,7 @@ def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional
 # ---------------------------------------------------------------------------------------------
 # Prefetch and priority write-back threads
 # ---------------------------------------------------------------------------------------------
+
 
 class Prefetcher:
     """Samples ahead on a background thread and puts the batches on the device (as Acme does).
@@ -961,7 +1036,7 @@ class Prefetcher:
                 if self._error is not None:
                     raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
                 if self._stop.is_set():
-                    raise RuntimeError("prefetcher is closed")
+                    raise RuntimeError("prefetcher is closed") from None
 
     def close(self) -> None:
         self._stop.set()
@@ -993,8 +1068,10 @@ class PriorityWriter:
                 priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
                 finite = np.isfinite(priorities).all(axis=1)
                 if not finite.all():
-                    raise Diverged(f"the learner diverged: non-finite loss or parameters at SGD step "
-                                   f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
+                    raise Diverged(
+                        f"the learner diverged: non-finite loss or parameters at SGD step "
+                        f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate"
+                    )
                 if self._write:
                     self._replay.update_priorities(indexes, priorities.reshape(-1))
             except BaseException as e:
@@ -1026,9 +1103,10 @@ class PriorityWriter:
 # Devices
 # ---------------------------------------------------------------------------------------------
 
+
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and priorities[K, B]: split along B
+    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B]: split along B
 
 
 def learner_shardings(args: Args) -> Shardings:
@@ -1043,13 +1121,16 @@ def learner_shardings(args: Args) -> Shardings:
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
     if n > len(devices):
-        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
-                          f"{', '.join(str(d) for d in devices)}")
+        raise ConfigError(
+            f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(str(d) for d in devices)}"
+        )
     if args.batch_size % n:
         raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
-    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+    return Shardings(
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")),
+    )
 
 
 def local_copy(tree):
@@ -1063,14 +1144,16 @@ def local_copy(tree):
 # The run: folder, resume, counters, threads, logging, evaluations, checkpoints
 # ---------------------------------------------------------------------------------------------
 
+
 class Run:
     """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
     checkpoint, the update counter, the prefetch and priority-writer threads, the devices,
     logging and the progress line, evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:`
     stops the threads however the loop ends)."""
 
-    def __init__(self, args: Args, data: TrainingData, stats: ObsStats, replay: PrioritizedDataset, act,
-                 shardings: Shardings):
+    def __init__(
+        self, args: Args, data: TrainingData, stats: ObsStats, replay: PrioritizedDataset, act, shardings: Shardings
+    ):
         self.args, self.data, self.stats, self.replay, self.act = args, data, stats, replay, act
         self.shardings = shardings
         self.prefetcher: Optional[Prefetcher] = None
@@ -1095,34 +1178,49 @@ class Run:
             state = restore_tree(state, arrays, "train_state/", ckpt)
             priority = check_array(arrays, "priority", self.replay.priority.shape, np.float64, ckpt)
             max_priority = float(check_array(arrays, "max_priority", (), np.float64, ckpt))
-            if not (np.isfinite(priority).all() and (priority >= 0).all()
-                    and np.isfinite(max_priority) and max_priority > 0):
+            if not (
+                np.isfinite(priority).all() and (priority >= 0).all() and np.isfinite(max_priority) and max_priority > 0
+            ):
                 raise ConfigError(f"{ckpt}: priorities out of range")
             self.replay.load_priorities(priority, max_priority)
             saved_total = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
-            note = (f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
-                    if saved_total not in (None, args.total_updates) else "")
+            note = (
+                f"; the lr and beta schedules now run to --total-updates {args.total_updates}, not {saved_total}"
+                if saved_total not in (None, args.total_updates)
+                else ""
+            )
             print(f"resumed {args.resume} at update {int(state.sgd_steps)}{note}")
         state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         self.act_params = local_copy(state.params)
 
         self.run_dir = args.run_dir or os.path.join(
-            "runs", f"{data.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+            "runs", f"{data.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+        )
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
             if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
                 os.remove(os.path.join(self.run_dir, name))
-        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
-            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        write_atomic(
+            os.path.join(self.run_dir, "args.json"),
+            lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()),
+        )
         # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
         # evaluation is done again, so its row goes too).
         self.updates = self.before = int(state.sgd_steps)
         updates = self.updates
-        self.logger = Logger(self.run_dir, (updates if updates < args.total_updates else updates - 1)
-                             if args.resume else None, args)
-        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args),
-                     "env_id": data.env_id, "mode": data.mode, "out_dim": data.out_dim, "ref_min": data.ref_min,
-                     "ref_max": data.ref_max}
+        self.logger = Logger(
+            self.run_dir, (updates if updates < args.total_updates else updates - 1) if args.resume else None, args
+        )
+        self.meta = {
+            "format": CHECKPOINT_FORMAT,
+            "script": SCRIPT,
+            "args": dataclasses.asdict(args),
+            "env_id": data.env_id,
+            "mode": data.mode,
+            "out_dim": data.out_dim,
+            "ref_min": data.ref_min,
+            "ref_max": data.ref_max,
+        }
         self.stats_arrays = {"obs_mean": self.stats.mean, "obs_std": self.stats.std}
         self.saved = {"step": updates if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
         self.window = {"time": time.perf_counter(), "updates": updates, "wait": 0.0, "learn": 0.0}
@@ -1137,9 +1235,12 @@ class Run:
         args = self.args
         steps = self.steps = min(args.updates_per_call, args.total_updates - self.updates)
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
-                                                           args.updates_per_call, self.shardings.batch),
-                                         args.prefetch_size)
+            self.prefetcher = Prefetcher(
+                functools.partial(
+                    sample_batches, self.replay, args.batch_size, args.updates_per_call, self.shardings.batch
+                ),
+                args.prefetch_size,
+            )
         self.t0 = time.perf_counter()
         if steps == args.updates_per_call:
             batches = self.prefetcher.get()
@@ -1163,8 +1264,15 @@ class Run:
 
     def evaluate(self, prefix: str) -> Tuple[np.ndarray, float]:
         video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
-        returns = evaluate(self.act, self.act_params, self.stats, self.data.env_id, self.args.eval_episodes,
-                           self.args.seed + 10_000, video)
+        returns = evaluate(
+            self.act,
+            self.act_params,
+            self.stats,
+            self.data.env_id,
+            self.args.eval_episodes,
+            self.args.seed + 10_000,
+            video,
+        )
         score = normalized_score(returns, self.data.ref_min, self.data.ref_max)
         self.logger.eval(self.updates, returns, score, video)
         self.last_eval = f"{returns.mean():.1f} (score {score:.1f})"
@@ -1178,10 +1286,13 @@ class Run:
         if not self.crossed(self.args.log_every):
             return
         now, window, updates = time.perf_counter(), self.window, self.updates
-        scalars = {"perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
-                   "perf/learner_wait_fraction": window["wait"] / window["learn"],
-                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
-                   **{k: float(v) for k, v in self.metrics.items()}}
+        scalars = {
+            "perf/updates_per_second": (updates - window["updates"]) / (now - window["time"]),
+            "perf/learner_wait_fraction": window["wait"] / window["learn"],
+            "replay/beta": self.replay.beta,
+            "replay/priority_max": self.replay.max_priority(),
+            **{k: float(v) for k, v in self.metrics.items()},
+        }
         self.logger.scalars(updates, scalars)
         fields = f"loss {scalars['losses/bc_loss']:.4f}  eval {self.last_eval}"
         rate = scalars["perf/updates_per_second"]
@@ -1190,16 +1301,26 @@ class Run:
 
     def checkpoint(self, state: TrainState) -> None:
         self.writer.flush()
-        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "digest": self.data.digest},
-                        {**tree_arrays("train_state/", state), **self.stats_arrays,
-                         "priority": self.replay.priority.copy(),
-                         "max_priority": np.asarray(self.replay.max_priority(), np.float64)},
-                        self.updates, self.saved["step"], self.args.keep_checkpoints)
+        save_checkpoint(
+            self.run_dir,
+            {**self.meta, "kind": "checkpoint", "digest": self.data.digest},
+            {
+                **tree_arrays("train_state/", state),
+                **self.stats_arrays,
+                "priority": self.replay.priority.copy(),
+                "max_priority": np.asarray(self.replay.max_priority(), np.float64),
+            },
+            self.updates,
+            self.saved["step"],
+            self.args.keep_checkpoints,
+        )
         self.saved.update(step=self.updates, time=time.monotonic())
 
     def checkpoint_if_due(self, state: TrainState) -> None:
         minutes = self.args.checkpoint_minutes
-        if self.crossed(self.args.checkpoint_every) or (minutes and time.monotonic() - self.saved["time"] >= 60 * minutes):
+        if self.crossed(self.args.checkpoint_every) or (
+            minutes and time.monotonic() - self.saved["time"] >= 60 * minutes
+        ):
             self.checkpoint(state)
 
     def __enter__(self):
@@ -1220,16 +1341,24 @@ class Run:
         run_dir, updates = self.run_dir, self.updates
         if self.stopped:
             self.logger.close()
-            print(f"stopped by signal {self.stop.signum} at update {updates}; continue with --resume {run_dir}",
-                  flush=True)
+            print(
+                f"stopped by signal {self.stop.signum} at update {updates}; continue with --resume {run_dir}",
+                flush=True,
+            )
             return {"run_dir": run_dir, "updates": updates, "signal": self.stop.signum}
-        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
-                        {**tree_arrays("params/", state.params), **self.stats_arrays})
+        save_npz_atomic(
+            os.path.join(run_dir, "model.npz"),
+            {**self.meta, "kind": "model"},
+            {**tree_arrays("params/", state.params), **self.stats_arrays},
+        )
         returns, score = self.evaluate(f"final-update-{updates}")
         self.logger.close()
         write_curve(run_dir)
-        print(f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
-              f"normalised score {score:.1f}; run dir {run_dir}", flush=True)
+        print(
+            f"final eval after {updates} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
+            f"normalised score {score:.1f}; run dir {run_dir}",
+            flush=True,
+        )
         return {"run_dir": run_dir, "updates": updates, "eval_mean": float(returns.mean()), "score": score}
 
 
@@ -1237,8 +1366,10 @@ class Run:
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 
-def evaluate(act, params, stats: ObsStats, env_id: str, episodes: int, seed: int,
-             video: Optional[Tuple[str, str]] = None) -> np.ndarray:
+
+def evaluate(
+    act, params, stats: ObsStats, env_id: str, episodes: int, seed: int, video: Optional[Tuple[str, str]] = None
+) -> np.ndarray:
     """Returns of `episodes` deterministic episodes run as parallel envs (each contributes its
     first episode), with the same seeds every time; with video = (folder, prefix) the first
     episode is filmed to video_file(video)."""
@@ -1252,7 +1383,8 @@ def evaluate(act, params, stats: ObsStats, env_id: str, episodes: int, seed: int
         while running.any():
             action = np.asarray(act(params, obs.reshape(episodes, -1).astype(np.float32), stats.mean, stats.std))
             obs, reward, terminated, truncated, _ = envs.step(
-                action if discrete else to_env_action(action, space.low, space.high))
+                action if discrete else to_env_action(action, space.low, space.high)
+            )
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
@@ -1272,14 +1404,21 @@ def model_from_file(path: str) -> Tuple[dict, Policy, Any, ObsStats]:
     meta, arrays = load_npz(path, kind)
     saved = args_from_json(meta.get("args"), path)
     env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
-    if not (isinstance(env_id, str) and ":" not in env_id and mode in ("discrete", "mse", "nll")
-            and type(out_dim) is int and out_dim > 0
-            and all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))):
+    if not (
+        isinstance(env_id, str)
+        and ":" not in env_id
+        and mode in ("discrete", "mse", "nll")
+        and type(out_dim) is int
+        and out_dim > 0
+        and all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))
+    ):
         raise ConfigError(f"{path}: env_id, mode, out_dim or reference scores in meta.json are not valid")
     mean = arrays.get("obs_mean")
     obs_dim = mean.shape[0] if isinstance(mean, np.ndarray) and mean.ndim == 1 else 0
-    stats = ObsStats(check_array(arrays, "obs_mean", (obs_dim,), np.float32, path),
-                     check_array(arrays, "obs_std", (obs_dim,), np.float32, path))
+    stats = ObsStats(
+        check_array(arrays, "obs_mean", (obs_dim,), np.float32, path),
+        check_array(arrays, "obs_std", (obs_dim,), np.float32, path),
+    )
     policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
     template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
     prefix = "train_state/params/" if kind == "checkpoint" else "params/"
@@ -1294,17 +1433,25 @@ def run_eval_only(args: Args) -> np.ndarray:
     obs_shape, space = envs.single_observation_space.shape, envs.single_action_space
     envs.close()
     discrete = isinstance(space, gym.spaces.Discrete)
-    if int(np.prod(obs_shape)) != len(stats.mean) or (meta["mode"] == "discrete") != discrete or \
-            meta["out_dim"] != (int(space.n) if discrete else space.shape[0]):
-        raise ConfigError(f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
-                          f"{meta['env_id']} has observations {obs_shape} and actions {space}")
+    if (
+        int(np.prod(obs_shape)) != len(stats.mean)
+        or (meta["mode"] == "discrete") != discrete
+        or meta["out_dim"] != (int(space.n) if discrete else space.shape[0])
+    ):
+        raise ConfigError(
+            f"{path}: the model maps {len(stats.mean)} features to {meta['out_dim']} actions; "
+            f"{meta['env_id']} has observations {obs_shape} and actions {space}"
+        )
     kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
     video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
-    returns = evaluate(make_act(policy, meta["mode"]), params, stats, meta["env_id"],
-                       args.eval_episodes, args.seed + 10_000, video)
+    returns = evaluate(
+        make_act(policy, meta["mode"]), params, stats, meta["env_id"], args.eval_episodes, args.seed + 10_000, video
+    )
     score = normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
-    print(f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
-          f"episodes, normalised score {score:.1f}")
+    print(
+        f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+        f"episodes, normalised score {score:.1f}"
+    )
     return returns
 
 
@@ -1365,9 +1512,12 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous:
             with open(path, "rb") as src:
                 write_atomic(older, lambda f: shutil.copyfileobj(src, f))
     save_npz_atomic(path, meta, arrays)
-    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
-                                                              os.listdir(run_dir)) if m)
-    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+    kept = sorted(
+        (int(m.group(1)), m.group(0))
+        for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir))
+        if m
+    )
+    for _, name in kept[: max(0, len(kept) - (keep - 1))]:
         os.remove(os.path.join(run_dir, name))
 
 
@@ -1384,14 +1534,16 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     if os.path.isdir(path):
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
-        old = path[:-len(".npz")] + ".pkl"
+        old = path[: -len(".npz")] + ".pkl"
         hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
         raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
-            raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
-                              "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                              "tools/convert_pkl.py (README, 'Old .pkl files')")
+            raise ConfigError(
+                f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
+                "since unpickling can run any code; convert a model.pkl you trust with the project's "
+                "tools/convert_pkl.py (README, 'Old .pkl files')"
+            )
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -1463,17 +1615,17 @@ def args_from_json(saved, path: str) -> Args:
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: no flags in it")
     hints, defaults, values = typing.get_type_hints(Args), Args(), {}
-    for field in dataclasses.fields(Args):
-        if field.name not in saved:
+    for flag in dataclasses.fields(Args):
+        if flag.name not in saved:
             continue
-        value = saved[field.name]
-        if not json_fits(value, hints[field.name]):
-            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {field.type}")
-        if isinstance(getattr(defaults, field.name), tuple):
+        value = saved[flag.name]
+        if not json_fits(value, hints[flag.name]):
+            raise ConfigError(f"{path}: flag {flag.name} is {value!r}, not a {flag.type}")
+        if isinstance(getattr(defaults, flag.name), tuple):
             value = tuple(value)
-        elif type(value) is int and json_fits(0.5, hints[field.name]):
+        elif type(value) is int and json_fits(0.5, hints[flag.name]):
             value = float(value)
-        values[field.name] = value
+        values[flag.name] = value
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
         raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
@@ -1484,6 +1636,7 @@ def args_from_json(saved, path: str) -> Args:
 # ---------------------------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------------------------
+
 
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
@@ -1501,9 +1654,18 @@ class Logger:
 
             name = os.path.basename(os.path.abspath(run_dir))
             try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
-                self._wandb, self._run = wandb, wandb.init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                    name=name, dir=run_dir, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], resume="allow")
+                self._wandb, self._run = (
+                    wandb,
+                    wandb.init(
+                        project=args.wandb_project_name,
+                        entity=args.wandb_entity,
+                        config=dataclasses.asdict(args),
+                        name=name,
+                        dir=run_dir,
+                        id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
+                        resume="allow",
+                    ),
+                )
             except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
                 raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
             self._run.define_metric("global_step")
@@ -1520,15 +1682,20 @@ class Logger:
             os.replace(self._eval_csv + ".tmp", self._eval_csv)
 
     def scalars(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
-                                       for k, v in values.items()])
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
         if self._run is not None:
             self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
     def eval(self, step: int, returns: np.ndarray, score: float, video: Optional[Tuple[str, str]] = None) -> None:
-        self.scalars(step, {"eval/episodic_return": returns.mean(),
-                            "eval/episodic_return_std": returns.std(), "eval/normalized_score": score})
+        self.scalars(
+            step,
+            {
+                "eval/episodic_return": returns.mean(),
+                "eval/episodic_return_std": returns.std(),
+                "eval/normalized_score": score,
+            },
+        )
         new = not os.path.exists(self._eval_csv)
         with open(self._eval_csv, "a", newline="") as f:
             writer = csv.writer(f)
@@ -1567,8 +1734,10 @@ class Console:
         speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
         left = round((self.total - done) / speed) if speed > 0 else None
         eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
-        sys.stdout.write(f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
-                         f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K")
+        sys.stdout.write(
+            f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
+            f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K"
+        )
         sys.stdout.flush()
         self.open = True
 
@@ -1599,8 +1768,9 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item())
-                          for v in event.summary.value if v.tag == train_tag]
+                train += [
+                    (event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag
+                ]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1626,6 +1796,7 @@ def write_curve(run_dir: str) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Command line, resume and signals
 # ---------------------------------------------------------------------------------------------
+
 
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""

@@ -265,24 +265,24 @@ class Args:
 # which kept the rest of tuned Double DQN (van Hasselt et al. 2016), itself Nature DQN (Mnih et
 # al. 2015) with a few changes. One agent step is 4 frames.
 ATARI_PRESET = dict(
-    total_timesteps=50_000_000,     # 200M frames, as in all three papers
-    buffer_size=1_000_000,          # Nature DQN's replay memory
-    learning_rate=6.25e-5,          # PER: tuned Double DQN's 2.5e-4 / 4 ("step-size reduced by 4")
-    anneal_lr=False,                # all three papers: constant step size
-    adam_eps=1.5e-4,                # the papers used RMSProp; Adam at this lr and eps is Rainbow's
-    batch_size=32,                  # Nature DQN
-    train_frequency=4,              # Nature DQN: one update per 4 agent steps
-    learning_starts=50_000,         # Nature DQN's replay start size
+    total_timesteps=50_000_000,  # 200M frames, as in all three papers
+    buffer_size=1_000_000,  # Nature DQN's replay memory
+    learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4 ("step-size reduced by 4")
+    anneal_lr=False,  # all three papers: constant step size
+    adam_eps=1.5e-4,  # the papers used RMSProp; Adam at this lr and eps is Rainbow's
+    batch_size=32,  # Nature DQN
+    train_frequency=4,  # Nature DQN: one update per 4 agent steps
+    learning_starts=50_000,  # Nature DQN's replay start size
     target_network_frequency=7_500,  # tuned Double DQN: a copy every 30k agent steps = 7.5k updates
-    n_step=1,                       # the PER paper used one-step targets (Rainbow: 3)
-    clip_reward=1.0,                # Nature DQN
-    hidden_sizes=(512,),            # Nature DQN's fully connected layer
-    end_e=0.01,                     # tuned Double DQN (Nature: 0.1) ...
-    exploration_fraction=0.02,      # ... reached after 1M agent steps (of 50M)
-    eval_epsilon=0.001,             # tuned Double DQN's evaluation epsilon (Nature: 0.05)
-    eval_every=250_000,             # 1M frames
+    n_step=1,  # the PER paper used one-step targets (Rainbow: 3)
+    clip_reward=1.0,  # Nature DQN
+    hidden_sizes=(512,),  # Nature DQN's fully connected layer
+    end_e=0.01,  # tuned Double DQN (Nature: 0.1) ...
+    exploration_fraction=0.02,  # ... reached after 1M agent steps (of 50M)
+    eval_epsilon=0.001,  # tuned Double DQN's evaluation epsilon (Nature: 0.05)
+    eval_every=250_000,  # 1M frames
     eval_episodes=8,
-    checkpoint_every=1_000_000,     # a checkpoint with replay is ~7 GB: not too often
+    checkpoint_every=1_000_000,  # a checkpoint with replay is ~7 GB: not too often
     log_every=10_000,
 )  # per_alpha 0.6, per_beta0 0.4 -> 1, gamma 0.99, Huber delta 1, 4-frame stacks: the defaults
 
@@ -291,9 +291,11 @@ ATARI_PRESET = dict(
 # Network
 # ---------------------------------------------------------------------------------------------
 
+
 class QNetwork(nn.Module):
     """Q(s, .): an MLP on vectors; on stacked frames [B, stack, H, W] the convolutions of the Nature
     DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari)."""
+
     num_actions: int
     hidden_sizes: Tuple[int, ...]
 
@@ -316,6 +318,7 @@ class QNetwork(nn.Module):
 # Replay: n-step assembly and the prioritized buffer
 # ---------------------------------------------------------------------------------------------
 
+
 class NStepAssembler:
     """Turns per-step transitions of num_envs parallel streams into n-step transitions.
 
@@ -328,8 +331,7 @@ class NStepAssembler:
         was not terminal, so the return still bootstraps) or 0 if it terminated.
     """
 
-    def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype,
-                 clip_reward: Optional[float] = None):
+    def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype, clip_reward: Optional[float] = None):
         self.n, self.clip_reward = n, clip_reward
         self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
         self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
@@ -348,10 +350,14 @@ class NStepAssembler:
         k = ages + 1  # rewards in each transition
         offsets = np.arange(self.n)
         rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
-        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
-                "reward": ret.astype(np.float32), "next_obs": next_obs,
-                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1)
+        return {
+            "obs": self.obs[first % self.n, envs],
+            "action": self.action[first % self.n, envs],
+            "reward": ret.astype(np.float32),
+            "next_obs": next_obs,
+            "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32),
+        }
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
         """Add one vector step; next_obs must hold the real final observation where done.
@@ -367,17 +373,20 @@ class NStepAssembler:
         if self.all_full and not done.any():
             # Every env emits its oldest step: no per-env indexing (this runs every step).
             oldest = self.t % self.n
-            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
-            return {"obs": self.obs[oldest], "action": self.action[oldest],
-                    "reward": ret.astype(np.float32), "next_obs": next_obs,
-                    "discount": self.n_step_discount}
+            ret = self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]
+            return {
+                "obs": self.obs[oldest],
+                "action": self.action[oldest],
+                "reward": ret.astype(np.float32),
+                "next_obs": next_obs,
+                "discount": self.n_step_discount,
+            }
         np.minimum(self.pending + 1, self.n, out=self.pending)
         full = (self.pending == self.n) & ~done
         parts = []
         if full.any():
             envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
-                                    np.zeros(envs.size)))
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs], np.zeros(envs.size)))
         if done.any():
             ended = np.flatnonzero(done)
             envs = np.repeat(ended, self.pending[ended])
@@ -414,15 +423,27 @@ class PrioritizedReplay:
 
     STAGE_ROWS = 128
 
-    def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float,
-                 frames: Optional[FrameStore] = None, weight_norm: str = "batch"):
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape,
+        obs_dtype,
+        alpha: float,
+        eps: float,
+        frames: Optional[FrameStore] = None,
+        weight_norm: str = "batch",
+    ):
         self.capacity, self.frames, self.weight_norm = capacity, frames, weight_norm
         if frames is not None:  # rows hold the frame numbers of the two stacks
             obs_shape, obs_dtype = (FRAME_STACK,), np.int64
-        shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (),
-                  "discount": ()}
-        dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64, "reward": np.float32,
-                  "discount": np.float32}
+        shapes = {"obs": tuple(obs_shape), "next_obs": tuple(obs_shape), "action": (), "reward": (), "discount": ()}
+        dtypes = {
+            "obs": obs_dtype,
+            "next_obs": obs_dtype,
+            "action": np.int64,
+            "reward": np.float32,
+            "discount": np.float32,
+        }
         spec = {k: {"shape": shapes[k] or 1, "dtype": dtypes[k]} for k in shapes}  # cpprb: 1, not ()
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
@@ -441,7 +462,7 @@ class PrioritizedReplay:
         while start < rows:
             take = min(rows - start, self.STAGE_ROWS - self.staged)
             for key, column in self.stage.items():
-                column[self.staged:self.staged + take] = batch[key][start:start + take]
+                column[self.staged : self.staged + take] = batch[key][start : start + take]
             self.staged += take
             start += take
             if self.staged == self.STAGE_ROWS:
@@ -452,7 +473,7 @@ class PrioritizedReplay:
         rule for new data, so that each is replayed at least once soon)."""
         if not self.staged:
             return
-        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        rows = {key: column[: self.staged] for key, column in self.stage.items()}
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
             self.buffer.add(**rows)
@@ -534,12 +555,21 @@ class PrioritizedReplay:
         self.flush()
         with self.lock:
             stored = self.buffer.get_stored_size()
-            rows = self.buffer.get_all_transitions() if stored else {
-                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
+            rows = (
+                self.buffer.get_all_transitions()
+                if stored
+                else {
+                    key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()
+                }
+            )
             state = {f"replay/{k}": v for k, v in rows.items()}
-            state.update({"replay/priority": self.priority[:stored].copy(),
-                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
-                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
+            state.update(
+                {
+                    "replay/priority": self.priority[:stored].copy(),
+                    "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
+                    "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64),
+                }
+            )
         if self.frames is not None:
             state.update(self.frames.state_dict())
         return state
@@ -554,8 +584,14 @@ class PrioritizedReplay:
         check_array(arrays, "replay/priority", (stored,), np.float64, path)
         k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
         max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
-        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
-                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
+        if not (
+            np.isfinite(prio).all()
+            and (prio >= 0).all()
+            and np.isfinite(max_priority)
+            and max_priority > 0
+            and 0 <= k < self.capacity
+            and (k == stored or stored == self.capacity)
+        ):
             raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
         data = {}
         for key, column in self.stage.items():
@@ -587,6 +623,7 @@ class PrioritizedReplay:
 # Learner
 # ---------------------------------------------------------------------------------------------
 
+
 class TrainState(NamedTuple):
     params: Any
     target_params: Any
@@ -595,8 +632,11 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
-    lr = (optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
-          if args.anneal_lr else args.learning_rate)
+    lr = (
+        optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
+        if args.anneal_lr
+        else args.learning_rate
+    )
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr, eps=args.adam_eps))
 
 
@@ -608,8 +648,9 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     # over s and s' together (README, Design notes).
     q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
     q_t_value = q_apply(target_params, batch["next_obs"])
-    td = jax.vmap(rlax.double_q_learning)(q_tm1, batch["action"], batch["reward"], batch["discount"],
-                                          q_t_value, q_t_selector)
+    td = jax.vmap(rlax.double_q_learning)(
+        q_tm1, batch["action"], batch["reward"], batch["discount"], q_t_value, q_t_selector
+    )
     loss = jnp.mean(batch["weights"] * rlax.huber_loss(td, huber_delta))
     q_taken = jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1)
     return loss, (td, q_taken.mean())
@@ -627,14 +668,16 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
-        (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch,
-                                              args.huber_delta)
+        (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch, args.huber_delta)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         sgd_steps = state.sgd_steps + 1
         target_params = optax.periodic_update(
             optax.incremental_update(params, state.target_params, args.tau),
-            state.target_params, sgd_steps, args.target_network_frequency)
+            state.target_params,
+            sgd_steps,
+            args.target_network_frequency,
+        )
         # A step whose new parameters are not finite reports NaN priorities, so the priority
         # writer stops the run here rather than one call later (after a checkpoint, maybe).
         td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
@@ -644,15 +687,19 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         if unroll:
             steps = []
             for k in range(batches["action"].shape[0]):
-                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x: x[k], batches))
+                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x, k=k: x[k], batches))
                 steps.append(out)
             loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
         else:
             state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    return jax.jit(
+        update,
+        donate_argnums=0,
+        in_shardings=(shardings.replicated, shardings.batch),
+        out_shardings=(shardings.replicated, shardings.replicated, shardings.batch),
+    )
 
 
 def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
@@ -666,6 +713,7 @@ def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState
 # ---------------------------------------------------------------------------------------------
 # Acting
 # ---------------------------------------------------------------------------------------------
+
 
 def make_act(q_apply, num_actions: int):
     """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy.
@@ -694,6 +742,7 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
 # Training loop
 # ---------------------------------------------------------------------------------------------
 
+
 def train(args: Args) -> dict:
     """Train with checked flags (main() checks them and merges a --resume run's own). Returns
     {run_dir, global_step, eval_mean, sgd_steps}, or {..., signal} when a signal stopped it."""
@@ -708,8 +757,9 @@ def train(args: Args) -> dict:
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
     replay, nstep = make_replay(args, obs_space)
     act = make_act(network.apply, num_actions)
-    update = make_update(network.apply, optimizer, args,
-                         unroll=replay.frames is not None and jax.default_backend() == "cpu")
+    update = make_update(
+        network.apply, optimizer, args, unroll=replay.frames is not None and jax.default_backend() == "cpu"
+    )
     # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
     # evaluations and checkpoints: Part 2. The loop below is the algorithm.
     run = Run(args, envs, env_fn, replay, act, shardings)
@@ -718,8 +768,9 @@ def train(args: Args) -> dict:
     with run:
         while run.global_step < args.total_timesteps and not run.stopped:
             # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      run.global_step)
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, run.global_step
+            )
             actions = np.asarray(act(run.act_params, obs, np.float32(epsilon), key, np.int32(run.global_step)))
             next_obs, reward, terminated, truncated, info = envs.step(actions)
 
@@ -757,6 +808,7 @@ def train(args: Args) -> dict:
 # Errors and flag checks
 # ---------------------------------------------------------------------------------------------
 
+
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
@@ -773,18 +825,29 @@ def check_args(args: Args, packages: bool = True) -> None:
     """One ConfigError for the first bad flag. packages=False skips the optional packages of
     --capture-video and --track: flags read from a file need them only where this process acts on
     them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
-                "target_network_frequency", "train_frequency", "updates_per_call",
-                "prefetch_size", "eval_every", "eval_episodes", "log_every")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "n_step",
+        "target_network_frequency",
+        "train_frequency",
+        "updates_per_call",
+        "prefetch_size",
+        "eval_every",
+        "eval_episodes",
+        "log_every",
+    )
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
         raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
-    for field in dataclasses.fields(Args):  # NaN passes every comparison below
-        value = getattr(args, field.name)
+    for flag in dataclasses.fields(Args):  # NaN passes every comparison below
+        value = getattr(args, flag.name)
         if isinstance(value, float) and not np.isfinite(value):
-            raise ConfigError(f"--{field.name.replace('_', '-')} must be a finite number, got {value}")
+            raise ConfigError(f"--{flag.name.replace('_', '-')} must be a finite number, got {value}")
     if args.batch_size > args.buffer_size:
         raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.learning_starts < args.batch_size:
@@ -836,8 +899,11 @@ FRAME_STACK = 4  # frames per image observation (Nature DQN)
 def is_image(space: gym.Space) -> bool:
     """Grey (H, W) or RGB (H, W, 3) uint8 images; told apart from vectors by the observation
     space, never by the env's name."""
-    return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8
-            and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] == 3)))
+    return (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] == 3))
+    )
 
 
 def image_pipeline(probe: gym.Env, max_episode_frames: int) -> Tuple[list, dict]:
@@ -858,8 +924,9 @@ def image_pipeline(probe: gym.Env, max_episode_frames: int) -> Tuple[list, dict]
     return grey + [functools.partial(wrappers.ResizeObservation, shape=(84, 84)), stack], {}
 
 
-def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000,
-             video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
+def make_env(
+    env_id: str, num_envs: int, max_episode_frames: int = 108_000, video: Optional[Tuple[str, str]] = None
+) -> gym.vector.VectorEnv:
     """A synchronous vector env in SAME_STEP autoreset mode, checked for what DQN can handle;
     with video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode).
 
@@ -880,20 +947,30 @@ def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000,
     try:
         action_space, space = probe.action_space, probe.observation_space
         if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"{env_id} has a {type(action_space).__name__} action space; "
-                              "DQN needs Discrete actions (use algos/sac.py for continuous control)")
+            raise ConfigError(
+                f"{env_id} has a {type(action_space).__name__} action space; "
+                "DQN needs Discrete actions (use algos/sac.py for continuous control)"
+            )
         wrappers, kwargs = [], {}
         if is_image(space):
             wrappers, kwargs = image_pipeline(probe, max_episode_frames)
         elif not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-            raise ConfigError(f"{env_id} has observations {space}; this script takes flat vectors "
-                              "or uint8 images, (H, W) or (H, W, 3)")
+            raise ConfigError(
+                f"{env_id} has observations {space}; this script takes flat vectors "
+                "or uint8 images, (H, W) or (H, W, 3)"
+            )
     finally:
         probe.close()
     if video is not None:
         wrappers, kwargs = wrappers + [film_first_episode(*video)], {**kwargs, "render_mode": "rgb_array"}
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        wrappers=wrappers,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        **kwargs,
+    )
 
 
 def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]:
@@ -914,8 +991,9 @@ def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]
         filmed.append(True)
         with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-            return gym.wrappers.RecordVideo(env, folder, episode_trigger=lambda episode: episode == 0,
-                                            name_prefix=prefix)
+            return gym.wrappers.RecordVideo(
+                env, folder, episode_trigger=lambda episode: episode == 0, name_prefix=prefix
+            )
 
     return wrap
 
@@ -1013,8 +1091,10 @@ class FrameStore:
         return pixels, intact
 
     def state_dict(self) -> dict:
-        return {"replay/frames": self.frames[:min(self.written, self.capacity)],
-                "replay/frames_written": np.asarray(self.written, np.int64)}
+        return {
+            "replay/frames": self.frames[: min(self.written, self.capacity)],
+            "replay/frames_written": np.asarray(self.written, np.int64),
+        }
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
         written = int(check_array(arrays, "replay/frames_written", (), np.int64, path))
@@ -1029,6 +1109,7 @@ class FrameStore:
 # Replay plumbing
 # ---------------------------------------------------------------------------------------------
 
+
 def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
     """The prioritized replay and the n-step assembler that feeds it. make_env gives flat vectors
     or stacks of frames; stacks go through a FrameStore, so the rows and the assembler carry
@@ -1038,8 +1119,9 @@ def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedRepla
         capacity = FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step, PrioritizedReplay.STAGE_ROWS)
         frames = FrameStore(capacity, args.num_envs, obs_space.shape[1:])
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames,
-                               args.per_weight_norm)
+    replay = PrioritizedReplay(
+        args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames, args.per_weight_norm
+    )
     stored = replay.stage["obs"]  # what a row keeps of an observation: the obs, or frame numbers
     nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, stored.shape[1:], stored.dtype, args.clip_reward)
     return replay, nstep
@@ -1062,6 +1144,7 @@ def next_multiple(step: int, every: int) -> Optional[int]:
 # ---------------------------------------------------------------------------------------------
 # Prefetch and priority write-back threads
 # ---------------------------------------------------------------------------------------------
+
 
 class Prefetcher:
     """Samples ahead on a background thread and puts the batches on the device (as Acme does).
@@ -1100,7 +1183,7 @@ class Prefetcher:
                 if self._error is not None:
                     raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
                 if self._stop.is_set():
-                    raise RuntimeError("prefetcher is closed")
+                    raise RuntimeError("prefetcher is closed") from None
 
     def close(self) -> None:
         self._stop.set()
@@ -1132,8 +1215,10 @@ class PriorityWriter:
                 priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
                 finite = np.isfinite(priorities).all(axis=1)
                 if not finite.all():
-                    raise Diverged(f"the learner diverged: non-finite TD error or parameters at SGD step "
-                                   f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate")
+                    raise Diverged(
+                        f"the learner diverged: non-finite TD error or parameters at SGD step "
+                        f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate"
+                    )
                 if self._write:
                     self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
             except BaseException as e:
@@ -1165,9 +1250,10 @@ class PriorityWriter:
 # Devices
 # ---------------------------------------------------------------------------------------------
 
+
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and |TD|[K, B]: split along B
+    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and |TD|[K, B]: split along B
 
 
 def learner_shardings(args: Args) -> Shardings:
@@ -1182,13 +1268,16 @@ def learner_shardings(args: Args) -> Shardings:
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
     if n > len(devices):
-        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
-                          f"{', '.join(str(d) for d in devices)}")
+        raise ConfigError(
+            f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(str(d) for d in devices)}"
+        )
     if args.batch_size % n:
         raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
-    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+    return Shardings(
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")),
+    )
 
 
 def local_copy(tree):
@@ -1201,6 +1290,7 @@ def local_copy(tree):
 # ---------------------------------------------------------------------------------------------
 # The run: folder, resume, counters, threads, logging, evaluations, checkpoints
 # ---------------------------------------------------------------------------------------------
+
 
 class Run:
     """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
@@ -1235,36 +1325,48 @@ class Run:
             meta, arrays = load_npz(ckpt, "checkpoint")
             state = restore_tree(state, arrays, "train_state/", ckpt)
             key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-            self.global_step, self.episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
+            self.global_step, self.episodes = (
+                saved_count(meta, "global_step", ckpt),
+                saved_count(meta, "episodes", ckpt),
+            )
             if any(name.startswith("replay/") for name in arrays):
                 self.replay.load_state_dict(arrays, ckpt)
             rows = self.replay.buffer.get_stored_size()
             if rows < args.learning_starts:
                 self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
-            note = (f"; learning waits for {self.learn_from - self.global_step} new rows"
-                    if self.learn_from > self.global_step else "")
+            note = (
+                f"; learning waits for {self.learn_from - self.global_step} new rows"
+                if self.learn_from > self.global_step
+                else ""
+            )
             saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
             if saved_total not in (None, args.total_timesteps):
                 note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
-            print(f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
-                  f"{rows} rows in the replay){note}")
+            print(
+                f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
+                f"{rows} rows in the replay){note}"
+            )
         state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         self.act_params = local_copy(state.params)
         self.sgd_done = int(state.sgd_steps)
 
         self.run_dir = args.run_dir or os.path.join(
-            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+        )
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
             if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
                 os.remove(os.path.join(self.run_dir, name))
-        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
-            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        write_atomic(
+            os.path.join(self.run_dir, "args.json"),
+            lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()),
+        )
         # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
         # evaluation is done again, so its row goes too).
         step = self.global_step
-        self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None,
-                             args)
+        self.logger = Logger(
+            self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None, args
+        )
         self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
         self.saved = {"step": step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
         self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
@@ -1309,8 +1411,10 @@ class Run:
         if done.any():
             for i in np.flatnonzero(done):
                 self.episodes += 1
-                self.logger.scalars(self.global_step, {"charts/episodic_return": self.ep_return[i],
-                                                       "charts/episodic_length": self.ep_length[i]})
+                self.logger.scalars(
+                    self.global_step,
+                    {"charts/episodic_return": self.ep_return[i], "charts/episodic_length": self.ep_length[i]},
+                )
             self.ep_return[done], self.ep_length[done] = 0.0, 0
 
     def update_calls_due(self) -> int:
@@ -1326,9 +1430,12 @@ class Run:
         args = self.args
         self.replay.flush()
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
-                                                           args.updates_per_call, self.shardings.batch),
-                                         args.prefetch_size)
+            self.prefetcher = Prefetcher(
+                functools.partial(
+                    sample_batches, self.replay, args.batch_size, args.updates_per_call, self.shardings.batch
+                ),
+                args.prefetch_size,
+            )
         self.t0 = time.perf_counter()
         batches = self.prefetcher.get()
         self.window["wait"] += time.perf_counter() - self.t0
@@ -1350,17 +1457,23 @@ class Run:
         self.next_log += args.log_every
         now = time.perf_counter()
         window, elapsed = self.window, now - self.window["time"]
-        scalars = {"charts/SPS": (step - window["step"]) / elapsed, "charts/epsilon": epsilon,
-                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
-                   "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed}
+        scalars = {
+            "charts/SPS": (step - window["step"]) / elapsed,
+            "charts/epsilon": epsilon,
+            "replay/beta": self.replay.beta,
+            "replay/priority_max": self.replay.max_priority(),
+            "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed,
+        }
         if window["learn"] > 0:
             scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
         if self.frames is not None:
             scalars["replay/redrawn_rows"] = self.replay.redrawn
         scalars.update({k: float(v) for k, v in self.metrics.items()})
         self.logger.scalars(step, scalars)
-        fields = (f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
-                  f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}")
+        fields = (
+            f"eps {epsilon:.3f}  loss {scalars.get('losses/td_loss', float('nan')):.4f}  "
+            f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}"
+        )
         plain = step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps
         line = f"step {step:>8d}  SPS {scalars['charts/SPS']:7.0f}  {fields}"
         self.console.update(step, scalars["charts/SPS"], fields, line if plain else None)
@@ -1368,8 +1481,15 @@ class Run:
 
     def evaluate(self, prefix: str) -> np.ndarray:
         video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
-        returns = evaluate(self.act, self.act_params, self.env_fn, self.args.eval_episodes, self.args.eval_epsilon,
-                           self.args.seed + 10_000, video)
+        returns = evaluate(
+            self.act,
+            self.act_params,
+            self.env_fn,
+            self.args.eval_episodes,
+            self.args.eval_epsilon,
+            self.args.seed + 10_000,
+            video,
+        )
         self.logger.eval(self.global_step, returns, video)
         self.last_eval = f"{returns.mean():.1f}"
         return returns
@@ -1384,15 +1504,21 @@ class Run:
         arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
         if self.args.checkpoint_replay:
             arrays.update(self.replay.state_dict())
-        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "global_step": self.global_step,
-                                       "episodes": self.episodes},
-                        arrays, self.global_step, self.saved["step"], self.args.keep_checkpoints)
+        save_checkpoint(
+            self.run_dir,
+            {**self.meta, "kind": "checkpoint", "global_step": self.global_step, "episodes": self.episodes},
+            arrays,
+            self.global_step,
+            self.saved["step"],
+            self.args.keep_checkpoints,
+        )
         self.saved.update(step=self.global_step, time=time.monotonic())
 
     def checkpoint_if_due(self, state: TrainState, key) -> None:
         args = self.args
-        if ((self.next_ckpt is not None and self.global_step >= self.next_ckpt)
-                or (args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes)):
+        if (self.next_ckpt is not None and self.global_step >= self.next_ckpt) or (
+            args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes
+        ):
             self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
             self.checkpoint(state, key)
 
@@ -1417,24 +1543,38 @@ class Run:
             self.logger.close()
             print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
             return {"run_dir": run_dir, "global_step": step, "signal": self.stop.signum}
-        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
-                        tree_arrays("params/", state.params))
+        save_npz_atomic(
+            os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"}, tree_arrays("params/", state.params)
+        )
         returns = self.evaluate(f"final-step-{step}")
         self.logger.close()
         write_curve(run_dir)
         if self.args.save_dataset:
             save_dataset(self.args.save_dataset, self.act, self.act_params, self.env_fn, self.args)
         print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()),
-                "sgd_steps": int(state.sgd_steps)}
+        return {
+            "run_dir": run_dir,
+            "global_step": step,
+            "eval_mean": float(returns.mean()),
+            "sgd_steps": int(state.sgd_steps),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # Evaluation and datasets
 # ---------------------------------------------------------------------------------------------
 
-def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: int, epsilon: float, seed: int,
-            record: bool = False, video: Optional[Tuple[str, str]] = None) -> Tuple[np.ndarray, Optional[dict]]:
+
+def rollout(
+    act,
+    params,
+    env_fn: Callable[..., gym.vector.VectorEnv],
+    episodes: int,
+    epsilon: float,
+    seed: int,
+    record: bool = False,
+    video: Optional[Tuple[str, str]] = None,
+) -> Tuple[np.ndarray, Optional[dict]]:
     """Returns of `episodes` episodes, run as parallel envs (each contributes its first episode),
     and with record=True their transitions in D4RL's flat layout, episode after episode; with
     video = (folder, prefix) the first episode is filmed to video_file(video).
@@ -1451,9 +1591,17 @@ def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: 
         while running.any():
             actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(len(steps))))
             next_obs, reward, terminated, truncated, info = envs.step(actions)
-            steps.append((running.copy(), obs, actions, reward,
-                          real_next_obs(next_obs, terminated | truncated, info) if record else None,
-                          terminated, truncated))
+            steps.append(
+                (
+                    running.copy(),
+                    obs,
+                    actions,
+                    reward,
+                    real_next_obs(next_obs, terminated | truncated, info) if record else None,
+                    terminated,
+                    truncated,
+                )
+            )
             returns += reward * running
             running &= ~(terminated | truncated)
             obs = next_obs
@@ -1462,14 +1610,16 @@ def rollout(act, params, env_fn: Callable[..., gym.vector.VectorEnv], episodes: 
         columns = [np.stack(c) for c in zip(*steps)]  # each [T, episodes, ...]
         live = columns[0]
         names = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
-        return returns, {name: np.concatenate([col[live[:, i], i] for i in range(episodes)])
-                         for name, col in zip(names, columns[1:])}
+        return returns, {
+            name: np.concatenate([col[live[:, i], i] for i in range(episodes)]) for name, col in zip(names, columns[1:])
+        }
     finally:
         envs.close()
 
 
-def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int,
-             video: Optional[Tuple[str, str]] = None) -> np.ndarray:
+def evaluate(
+    act, params, env_fn, episodes: int, epsilon: float, seed: int, video: Optional[Tuple[str, str]] = None
+) -> np.ndarray:
     """Returns of whole episodes in the env's own rewards: unclipped, lives do not end them."""
     return rollout(act, params, env_fn, episodes, epsilon, seed, video=video)[0]
 
@@ -1482,9 +1632,16 @@ def save_dataset(path: str, act, params, env_fn, args: Args) -> dict:
     returns, data = rollout(act, params, env_fn, args.dataset_episodes, args.dataset_epsilon, seed, record=True)
     ref_min = float(evaluate(act, params, env_fn, args.dataset_episodes, 1.0, seed).mean())
     ref_max = float(evaluate(act, params, env_fn, args.dataset_episodes, 0.0, seed).mean())
-    metadata = {"env_id": args.env_id, "algorithm": f"{SCRIPT}.py", "dataset_epsilon": args.dataset_epsilon,
-                "episodes": args.dataset_episodes, "seed": seed, "ref_min_score": ref_min,
-                "ref_max_score": ref_max, "mean_return": float(returns.mean())}
+    metadata = {
+        "env_id": args.env_id,
+        "algorithm": f"{SCRIPT}.py",
+        "dataset_epsilon": args.dataset_epsilon,
+        "episodes": args.dataset_episodes,
+        "seed": seed,
+        "ref_min_score": ref_min,
+        "ref_max_score": ref_max,
+        "mean_return": float(returns.mean()),
+    }
     tmp = f"{path}.tmp.{os.getpid()}"
     with h5py.File(tmp, "w") as f:
         for name, values in data.items():
@@ -1493,8 +1650,11 @@ def save_dataset(path: str, act, params, env_fn, args: Args) -> dict:
         for name, value in metadata.items():
             group.attrs[name] = value
     os.replace(tmp, path)
-    print(f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
-          f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}", flush=True)
+    print(
+        f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
+        f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}",
+        flush=True,
+    )
     return metadata
 
 
@@ -1518,8 +1678,10 @@ def run_eval_only(args: Args, given: Optional[frozenset] = None) -> np.ndarray:
     act = make_act(network.apply, num_actions)
     video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
     returns = evaluate(act, params, env_fn, args.eval_episodes, epsilon, args.seed + 10_000, video)
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes "
-          f"(epsilon {epsilon})")
+    print(
+        f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes "
+        f"(epsilon {epsilon})"
+    )
     if args.save_dataset:
         save_dataset(args.save_dataset, act, params, env_fn, dataclasses.replace(args, env_id=saved.env_id))
     return returns
@@ -1582,9 +1744,12 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous:
             with open(path, "rb") as src:
                 write_atomic(older, lambda f: shutil.copyfileobj(src, f))
     save_npz_atomic(path, meta, arrays)
-    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
-                                                              os.listdir(run_dir)) if m)
-    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+    kept = sorted(
+        (int(m.group(1)), m.group(0))
+        for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir))
+        if m
+    )
+    for _, name in kept[: max(0, len(kept) - (keep - 1))]:
         os.remove(os.path.join(run_dir, name))
 
 
@@ -1601,14 +1766,16 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     if os.path.isdir(path):
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
-        old = path[:-len(".npz")] + ".pkl"
+        old = path[: -len(".npz")] + ".pkl"
         hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
         raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
-            raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
-                              "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                              "tools/convert_pkl.py (README, 'Old .pkl files')")
+            raise ConfigError(
+                f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
+                "since unpickling can run any code; convert a model.pkl you trust with the project's "
+                "tools/convert_pkl.py (README, 'Old .pkl files')"
+            )
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -1680,17 +1847,17 @@ def args_from_json(saved, path: str) -> Args:
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: no flags in it")
     hints, defaults, values = typing.get_type_hints(Args), Args(), {}
-    for field in dataclasses.fields(Args):
-        if field.name not in saved:
+    for flag in dataclasses.fields(Args):
+        if flag.name not in saved:
             continue
-        value = saved[field.name]
-        if not json_fits(value, hints[field.name]):
-            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {field.type}")
-        if isinstance(getattr(defaults, field.name), tuple):
+        value = saved[flag.name]
+        if not json_fits(value, hints[flag.name]):
+            raise ConfigError(f"{path}: flag {flag.name} is {value!r}, not a {flag.type}")
+        if isinstance(getattr(defaults, flag.name), tuple):
             value = tuple(value)
-        elif type(value) is int and json_fits(0.5, hints[field.name]):
+        elif type(value) is int and json_fits(0.5, hints[flag.name]):
             value = float(value)
-        values[field.name] = value
+        values[flag.name] = value
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
         raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
@@ -1701,6 +1868,7 @@ def args_from_json(saved, path: str) -> Args:
 # ---------------------------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------------------------
+
 
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
@@ -1718,9 +1886,18 @@ class Logger:
 
             name = os.path.basename(os.path.abspath(run_dir))
             try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
-                self._wandb, self._run = wandb, wandb.init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                    name=name, dir=run_dir, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], resume="allow")
+                self._wandb, self._run = (
+                    wandb,
+                    wandb.init(
+                        project=args.wandb_project_name,
+                        entity=args.wandb_entity,
+                        config=dataclasses.asdict(args),
+                        name=name,
+                        dir=run_dir,
+                        id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
+                        resume="allow",
+                    ),
+                )
             except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
                 raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
             self._run.define_metric("global_step")
@@ -1737,15 +1914,13 @@ class Logger:
             os.replace(self._eval_csv + ".tmp", self._eval_csv)
 
     def scalars(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
-                                       for k, v in values.items()])
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
         if self._run is not None:
             self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
     def eval(self, step: int, returns: np.ndarray, video: Optional[Tuple[str, str]] = None) -> None:
-        self.scalars(step, {"eval/episodic_return": returns.mean(),
-                            "eval/episodic_return_std": returns.std()})
+        self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
         new = not os.path.exists(self._eval_csv)
         with open(self._eval_csv, "a", newline="") as f:
             writer = csv.writer(f)
@@ -1784,8 +1959,10 @@ class Console:
         speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
         left = round((self.total - done) / speed) if speed > 0 else None
         eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
-        sys.stdout.write(f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
-                         f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K")
+        sys.stdout.write(
+            f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
+            f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K"
+        )
         sys.stdout.flush()
         self.open = True
 
@@ -1816,8 +1993,9 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item())
-                          for v in event.summary.value if v.tag == train_tag]
+                train += [
+                    (event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag
+                ]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1843,6 +2021,7 @@ def write_curve(run_dir: str) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Command line, resume and signals
 # ---------------------------------------------------------------------------------------------
+
 
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
@@ -1928,7 +2107,7 @@ def parse_args(argv=None) -> Args:
     argv = sys.argv[1:] if argv is None else list(argv)
     default = Args()
     for i, token in enumerate(argv):
-        if token == "--preset=atari" or (token == "--preset" and argv[i + 1:i + 2] == ["atari"]):
+        if token == "--preset=atari" or (token == "--preset" and argv[i + 1 : i + 2] == ["atari"]):
             default = Args(preset="atari", **ATARI_PRESET)
     return tyro.cli(Args, args=argv, default=default)
 

@@ -76,8 +76,8 @@ Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
   replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
   checkpoint.npz (latest, written atomically; every --checkpoint-every steps and
   --checkpoint-minutes; --keep-checkpoints K keeps the K - 1 before it as checkpoint-<step>.npz)
-  and model.npz (final actor): arrays and JSON, read without pickle; curve.png (eval and training returns, with matplotlib), videos/
-  (--capture-video), wandb/ (--track).
+  and model.npz (final actor): arrays and JSON, read without pickle; curve.png (eval and
+  training returns, with matplotlib), videos/ (--capture-video), wandb/ (--track).
   Console: one refreshing progress line on a terminal, a plain line every 10 --log-every otherwise.
 """
 
@@ -244,8 +244,10 @@ class Args:
 # Networks
 # ---------------------------------------------------------------------------------------------
 
+
 class Actor(nn.Module):
     """s -> (mean, log_std) of the Gaussian that tanh squashes into [-1, 1]^|A|."""
+
     action_dim: int
     hidden_sizes: Tuple[int, ...]
 
@@ -272,12 +274,14 @@ class Critic(nn.Module):
 
 class TwinCritic(nn.Module):
     """Two independent critics evaluated as one vmapped network: output [2, batch]."""
+
     hidden_sizes: Tuple[int, ...]
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
-        twins = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=None, out_axes=0, axis_size=2)
+        twins = nn.vmap(
+            Critic, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, out_axes=0, axis_size=2
+        )
         return twins(self.hidden_sizes)(obs, action)
 
 
@@ -294,6 +298,7 @@ def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
 # ---------------------------------------------------------------------------------------------
 # Replay: n-step assembly and the prioritized buffer
 # ---------------------------------------------------------------------------------------------
+
 
 class NStepAssembler:
     """Turns per-step transitions of num_envs parallel streams into n-step transitions.
@@ -326,10 +331,14 @@ class NStepAssembler:
         k = ages + 1  # rewards in each transition
         offsets = np.arange(self.n)
         rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[:self.n], 0.0).sum(axis=1)
-        return {"obs": self.obs[first % self.n, envs], "action": self.action[first % self.n, envs],
-                "reward": ret.astype(np.float32), "next_obs": next_obs,
-                "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32)}
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1)
+        return {
+            "obs": self.obs[first % self.n, envs],
+            "action": self.action[first % self.n, envs],
+            "reward": ret.astype(np.float32),
+            "next_obs": next_obs,
+            "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32),
+        }
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
         """Add one vector step; next_obs must hold the real final observation where done.
@@ -343,17 +352,20 @@ class NStepAssembler:
         if self.all_full and not done.any():
             # Every env emits its oldest step: no per-env indexing (this runs every step).
             oldest = self.t % self.n
-            ret = self.powers[:self.n] @ self.reward[self.oldest_first[oldest]]
-            return {"obs": self.obs[oldest], "action": self.action[oldest],
-                    "reward": ret.astype(np.float32), "next_obs": next_obs,
-                    "discount": self.n_step_discount}
+            ret = self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]
+            return {
+                "obs": self.obs[oldest],
+                "action": self.action[oldest],
+                "reward": ret.astype(np.float32),
+                "next_obs": next_obs,
+                "discount": self.n_step_discount,
+            }
         np.minimum(self.pending + 1, self.n, out=self.pending)
         full = (self.pending == self.n) & ~done
         parts = []
         if full.any():
             envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs],
-                                    np.zeros(envs.size)))
+            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs], np.zeros(envs.size)))
         if done.any():
             ended = np.flatnonzero(done)
             envs = np.repeat(ended, self.pending[ended])
@@ -390,11 +402,11 @@ class PrioritizedReplay:
 
     STAGE_ROWS = 128
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float,
-                 weight_norm: str = "batch"):
+    def __init__(
+        self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float, weight_norm: str = "batch"
+    ):
         self.capacity, self.weight_norm = capacity, weight_norm
-        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (),
-                  "discount": ()}
+        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (), "discount": ()}
         spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
@@ -412,7 +424,7 @@ class PrioritizedReplay:
         while start < rows:
             take = min(rows - start, self.STAGE_ROWS - self.staged)
             for key, column in self.stage.items():
-                column[self.staged:self.staged + take] = batch[key][start:start + take]
+                column[self.staged : self.staged + take] = batch[key][start : start + take]
             self.staged += take
             start += take
             if self.staged == self.STAGE_ROWS:
@@ -423,7 +435,7 @@ class PrioritizedReplay:
         rule for new data, so that each is replayed at least once soon)."""
         if not self.staged:
             return
-        rows = {key: column[:self.staged] for key, column in self.stage.items()}
+        rows = {key: column[: self.staged] for key, column in self.stage.items()}
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
             self.buffer.add(**rows)
@@ -481,12 +493,21 @@ class PrioritizedReplay:
         self.flush()
         with self.lock:
             stored = self.buffer.get_stored_size()
-            rows = self.buffer.get_all_transitions() if stored else {
-                key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()}
+            rows = (
+                self.buffer.get_all_transitions()
+                if stored
+                else {
+                    key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()
+                }
+            )
             state = {f"replay/{k}": v for k, v in rows.items()}
-            state.update({"replay/priority": self.priority[:stored].copy(),
-                          "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
-                          "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64)})
+            state.update(
+                {
+                    "replay/priority": self.priority[:stored].copy(),
+                    "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
+                    "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64),
+                }
+            )
         return state
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
@@ -499,8 +520,14 @@ class PrioritizedReplay:
         check_array(arrays, "replay/priority", (stored,), np.float64, path)
         k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
         max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
-        if not (np.isfinite(prio).all() and (prio >= 0).all() and np.isfinite(max_priority) and max_priority > 0
-                and 0 <= k < self.capacity and (k == stored or stored == self.capacity)):
+        if not (
+            np.isfinite(prio).all()
+            and (prio >= 0).all()
+            and np.isfinite(max_priority)
+            and max_priority > 0
+            and 0 <= k < self.capacity
+            and (k == stored or stored == self.capacity)
+        ):
             raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
         data = {}
         for key, column in self.stage.items():
@@ -527,6 +554,7 @@ class PrioritizedReplay:
 # Learner
 # ---------------------------------------------------------------------------------------------
 
+
 class TrainState(NamedTuple):
     actor_params: Any
     critic_params: Any
@@ -547,9 +575,13 @@ class Nets(NamedTuple):
 
 
 def make_nets(args: Args, action_dim: int) -> Nets:
-    return Nets(Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes),
-                optax.adam(args.policy_lr), optax.adam(args.q_lr),
-                optax.adam(args.q_lr if args.alpha_lr is None else args.alpha_lr))
+    return Nets(
+        Actor(action_dim, args.hidden_sizes),
+        TwinCritic(args.hidden_sizes),
+        optax.adam(args.policy_lr),
+        optax.adam(args.q_lr),
+        optax.adam(args.q_lr if args.alpha_lr is None else args.alpha_lr),
+    )
 
 
 def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
@@ -558,9 +590,16 @@ def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key)
     actor_params = nets.actor.init(k_actor, obs)
     critic_params = nets.critic.init(k_critic, obs, action)
     log_alpha = jnp.asarray(np.log(args.alpha_init if args.autotune else args.alpha), jnp.float32)
-    return TrainState(actor_params, critic_params, jax.tree_util.tree_map(jnp.copy, critic_params),
-                      log_alpha, nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params),
-                      nets.alpha_tx.init(log_alpha), jnp.zeros((), jnp.int32))
+    return TrainState(
+        actor_params,
+        critic_params,
+        jax.tree_util.tree_map(jnp.copy, critic_params),
+        log_alpha,
+        nets.actor_tx.init(actor_params),
+        nets.critic_tx.init(critic_params),
+        nets.alpha_tx.init(log_alpha),
+        jnp.zeros((), jnp.int32),
+    )
 
 
 def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
@@ -577,7 +616,7 @@ def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, 
     td = q - jax.lax.stop_gradient(target)
     abs_td = jnp.abs(td)
     quadratic = jnp.minimum(abs_td, huber_delta)
-    huber = 0.5 * quadratic ** 2 + huber_delta * (abs_td - quadratic)
+    huber = 0.5 * quadratic**2 + huber_delta * (abs_td - quadratic)
     return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
 
 
@@ -609,30 +648,32 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         state, obs = carry
         grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
         (actor_grads, alpha_grad), (actor_l, alpha_l, entropy) = grad_fn(
-            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
+            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy
+        )
         updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
-        state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates),
-                               actor_opt=actor_opt)
+        state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates), actor_opt=actor_opt)
         if args.autotune:
             updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
-            state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates),
-                                   alpha_opt=alpha_opt)
+            state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates), alpha_opt=alpha_opt)
         return (state, obs), (actor_l, alpha_l, entropy)
 
     def sgd_step(state: TrainState, inputs):
         batch, key = inputs
         critic_key, actor_key = jax.random.split(key)
         grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
-        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key,
-                                                args.huber_delta)
+        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key, args.huber_delta)
         updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
         critic_params = optax.apply_updates(state.critic_params, updates)
         sgd_steps = state.sgd_steps + 1
         target = optax.periodic_update(
             optax.incremental_update(critic_params, state.target_critic_params, args.tau),
-            state.target_critic_params, sgd_steps, args.target_network_frequency)
-        state = state._replace(critic_params=critic_params, critic_opt=critic_opt,
-                               target_critic_params=target, sgd_steps=sgd_steps)
+            state.target_critic_params,
+            sgd_steps,
+            args.target_network_frequency,
+        )
+        state = state._replace(
+            critic_params=critic_params, critic_opt=critic_opt, target_critic_params=target, sgd_steps=sgd_steps
+        )
 
         def delayed_actor_updates(state):
             keys = jax.random.split(actor_key, args.policy_frequency)
@@ -643,7 +684,8 @@ def make_update(nets: Nets, args: Args, action_dim: int):
             return state, (jnp.nan, jnp.nan, jnp.nan)
 
         state, (actor_l, alpha_l, entropy) = jax.lax.cond(
-            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state)
+            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state
+        )
         # A step whose new parameters are not finite reports NaN priorities, so the priority
         # writer stops the run here rather than one call later (after a checkpoint, maybe).
         finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
@@ -653,18 +695,28 @@ def make_update(nets: Nets, args: Args, action_dim: int):
     def update(state: TrainState, batches: dict, key):
         keys = jax.random.split(jax.random.fold_in(key, state.sgd_steps), batches["reward"].shape[0])
         state, (q_loss, q_mean, actor_l, alpha_l, entropy, td) = jax.lax.scan(sgd_step, state, (batches, keys))
-        metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean(),
-                   "losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l),
-                   "losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)}
+        metrics = {
+            "losses/qf_loss": q_loss.mean(),
+            "losses/qf_values": q_mean.mean(),
+            "losses/actor_loss": jnp.nanmean(actor_l),
+            "losses/alpha_loss": jnp.nanmean(alpha_l),
+            "losses/entropy": jnp.nanmean(entropy),
+            "losses/alpha": jnp.exp(state.log_alpha),
+        }
         return state, metrics, jnp.abs(td).mean(axis=1)
 
-    return jax.jit(update, donate_argnums=0, in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
-                   out_shardings=(shardings.replicated, shardings.replicated, shardings.batch))
+    return jax.jit(
+        update,
+        donate_argnums=0,
+        in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
+        out_shardings=(shardings.replicated, shardings.replicated, shardings.batch),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Acting
 # ---------------------------------------------------------------------------------------------
+
 
 def make_act(actor: Actor):
     """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1].
@@ -701,6 +753,7 @@ def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -
 # Training loop
 # ---------------------------------------------------------------------------------------------
 
+
 def train(args: Args) -> dict:
     """Train with checked flags (main() checks them and merges a --resume run's own). Returns
     {run_dir, global_step, eval_mean, sgd_steps}, or {..., signal} when a signal stopped it."""
@@ -712,8 +765,14 @@ def train(args: Args) -> dict:
     nets = make_nets(args, action_dim)
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(nets, args, obs_dim, action_dim, init_key)
-    replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, args.per_alpha if args.prioritized else 0.0,
-                               args.per_eps, args.per_weight_norm)
+    replay = PrioritizedReplay(
+        args.buffer_size,
+        obs_dim,
+        action_dim,
+        args.per_alpha if args.prioritized else 0.0,
+        args.per_eps,
+        args.per_weight_norm,
+    )
     nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
     act = make_act(nets.actor)
     update = make_update(nets, args, action_dim)
@@ -765,6 +824,7 @@ def train(args: Args) -> dict:
 # Errors and flag checks
 # ---------------------------------------------------------------------------------------------
 
+
 class ConfigError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
@@ -781,10 +841,27 @@ def check_args(args: Args, packages: bool = True) -> None:
     """One ConfigError for the first bad flag. packages=False skips the optional packages of
     --capture-video and --track: flags read from a file need them only where this process acts on
     them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_step",
-                "target_network_frequency", "policy_frequency", "train_frequency",
-                "updates_per_call", "prefetch_size", "eval_every", "eval_episodes", "log_every",
-                "policy_lr", "q_lr", "huber_delta", "per_eps", "alpha", "alpha_init")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "n_step",
+        "target_network_frequency",
+        "policy_frequency",
+        "train_frequency",
+        "updates_per_call",
+        "prefetch_size",
+        "eval_every",
+        "eval_episodes",
+        "log_every",
+        "policy_lr",
+        "q_lr",
+        "huber_delta",
+        "per_eps",
+        "alpha",
+        "alpha_init",
+    )
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -792,10 +869,10 @@ def check_args(args: Args, packages: bool = True) -> None:
         raise ConfigError(f"--alpha-lr must be positive, got {args.alpha_lr}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
         raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
-    for field in dataclasses.fields(Args):  # NaN passes every comparison below
-        value = getattr(args, field.name)
+    for flag in dataclasses.fields(Args):  # NaN passes every comparison below
+        value = getattr(args, flag.name)
         if isinstance(value, float) and not np.isfinite(value):
-            raise ConfigError(f"--{field.name.replace('_', '-')} must be a finite number, got {value}")
+            raise ConfigError(f"--{flag.name.replace('_', '-')} must be a finite number, got {value}")
     if args.batch_size > args.buffer_size:
         raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.learning_starts < args.batch_size:
@@ -835,6 +912,7 @@ def importable(name: str) -> bool:
 # Environment
 # ---------------------------------------------------------------------------------------------
 
+
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
     """A synchronous vector env in SAME_STEP autoreset mode, checked for what SAC can handle;
     with video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode).
@@ -845,8 +923,14 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     """
     wrappers, kwargs = ([film_first_episode(*video)], {"render_mode": "rgb_array"}) if video is not None else ([], {})
     try:
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
+        envs = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            wrappers=wrappers,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            **kwargs,
+        )
     except gym.error.Error as e:
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     except ImportError as e:
@@ -854,13 +938,16 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     action_space = envs.single_action_space
     problem = None
     if not isinstance(action_space, gym.spaces.Box):
-        problem = (f"{env_id} has a {type(action_space).__name__} action space; SAC needs a Box "
-                   "action space (use algos/dqn_prioritized.py for discrete actions)")
+        problem = (
+            f"{env_id} has a {type(action_space).__name__} action space; SAC needs a Box "
+            "action space (use algos/dqn_prioritized.py for discrete actions)"
+        )
     elif not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
         problem = f"{env_id} has unbounded actions {action_space}; SAC's tanh policy needs finite bounds"
     elif not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-        problem = (f"{env_id} has observations {envs.single_observation_space}; this script takes flat "
-                   "vector observations")
+        problem = (
+            f"{env_id} has observations {envs.single_observation_space}; this script takes flat vector observations"
+        )
     if problem:
         envs.close()
         raise ConfigError(problem)
@@ -884,8 +971,9 @@ def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]
         filmed.append(True)
         with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-            return gym.wrappers.RecordVideo(env, folder, episode_trigger=lambda episode: episode == 0,
-                                            name_prefix=prefix)
+            return gym.wrappers.RecordVideo(
+                env, folder, episode_trigger=lambda episode: episode == 0, name_prefix=prefix
+            )
 
     return wrap
 
@@ -918,6 +1006,7 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
 # Replay plumbing
 # ---------------------------------------------------------------------------------------------
 
+
 def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
     """What the learner gets for one call: (batches[K, B, ...] on the device(s), slot indexes[K * B],
     write counts). Runs on the prefetch thread, so the device transfer is off the learner's path
@@ -935,6 +1024,7 @@ def next_multiple(step: int, every: int) -> Optional[int]:
 # ---------------------------------------------------------------------------------------------
 # Prefetch and priority write-back threads
 # ---------------------------------------------------------------------------------------------
+
 
 class Prefetcher:
     """Samples ahead on a background thread and puts the batches on the device (as Acme does).
@@ -973,7 +1063,7 @@ class Prefetcher:
                 if self._error is not None:
                     raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
                 if self._stop.is_set():
-                    raise RuntimeError("prefetcher is closed")
+                    raise RuntimeError("prefetcher is closed") from None
 
     def close(self) -> None:
         self._stop.set()
@@ -1005,8 +1095,10 @@ class PriorityWriter:
                 priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
                 finite = np.isfinite(priorities).all(axis=1)
                 if not finite.all():
-                    raise Diverged(f"the learner diverged: non-finite TD error or parameters at SGD step "
-                                   f"{first_step + int(np.argmin(finite)) + 1}; try a lower --q-lr or --policy-lr")
+                    raise Diverged(
+                        f"the learner diverged: non-finite TD error or parameters at SGD step "
+                        f"{first_step + int(np.argmin(finite)) + 1}; try a lower --q-lr or --policy-lr"
+                    )
                 if self._write:
                     self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
             except BaseException as e:
@@ -1038,9 +1130,10 @@ class PriorityWriter:
 # Devices
 # ---------------------------------------------------------------------------------------------
 
+
 class Shardings(NamedTuple):
     replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding       # batches[K, B, ...] and priorities[K, B]: split along B
+    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B]: split along B
 
 
 def learner_shardings(args: Args) -> Shardings:
@@ -1055,13 +1148,16 @@ def learner_shardings(args: Args) -> Shardings:
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
     if n > len(devices):
-        raise ConfigError(f"--num-devices {n}, but this machine has {len(devices)}: "
-                          f"{', '.join(str(d) for d in devices)}")
+        raise ConfigError(
+            f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(str(d) for d in devices)}"
+        )
     if args.batch_size % n:
         raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
-    return Shardings(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")))
+    return Shardings(
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")),
+    )
 
 
 def local_copy(tree):
@@ -1074,6 +1170,7 @@ def local_copy(tree):
 # ---------------------------------------------------------------------------------------------
 # The run: folder, resume, counters, threads, logging, evaluations, checkpoints
 # ---------------------------------------------------------------------------------------------
+
 
 class Run:
     """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
@@ -1107,36 +1204,48 @@ class Run:
             meta, arrays = load_npz(ckpt, "checkpoint")
             state = restore_tree(state, arrays, "train_state/", ckpt)
             key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-            self.global_step, self.episodes = saved_count(meta, "global_step", ckpt), saved_count(meta, "episodes", ckpt)
+            self.global_step, self.episodes = (
+                saved_count(meta, "global_step", ckpt),
+                saved_count(meta, "episodes", ckpt),
+            )
             if any(name.startswith("replay/") for name in arrays):
                 self.replay.load_state_dict(arrays, ckpt)
             rows = self.replay.buffer.get_stored_size()
             if rows < args.learning_starts:
                 self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
-            note = (f"; learning waits for {self.learn_from - self.global_step} new rows"
-                    if self.learn_from > self.global_step else "")
+            note = (
+                f"; learning waits for {self.learn_from - self.global_step} new rows"
+                if self.learn_from > self.global_step
+                else ""
+            )
             saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
             if saved_total not in (None, args.total_timesteps):
                 note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
-            print(f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
-                  f"{rows} rows in the replay){note}")
+            print(
+                f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
+                f"{rows} rows in the replay){note}"
+            )
         state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         self.act_params = local_copy(state.actor_params)
         self.sgd_done = int(state.sgd_steps)
 
         self.run_dir = args.run_dir or os.path.join(
-            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}")
+            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+        )
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
             if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
                 os.remove(os.path.join(self.run_dir, name))
-        write_atomic(os.path.join(self.run_dir, "args.json"), lambda f: f.write(
-            json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()))
+        write_atomic(
+            os.path.join(self.run_dir, "args.json"),
+            lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()),
+        )
         # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
         # evaluation is done again, so its row goes too).
         step = self.global_step
-        self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None,
-                             args)
+        self.logger = Logger(
+            self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None, args
+        )
         self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
         self.saved = {"step": step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
         self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
@@ -1159,8 +1268,10 @@ class Run:
         if done.any():
             for i in np.flatnonzero(done):
                 self.episodes += 1
-                self.logger.scalars(self.global_step, {"charts/episodic_return": self.ep_return[i],
-                                                       "charts/episodic_length": self.ep_length[i]})
+                self.logger.scalars(
+                    self.global_step,
+                    {"charts/episodic_return": self.ep_return[i], "charts/episodic_length": self.ep_length[i]},
+                )
             self.ep_return[done], self.ep_length[done] = 0.0, 0
 
     def update_calls_due(self) -> int:
@@ -1176,9 +1287,12 @@ class Run:
         args = self.args
         self.replay.flush()
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(functools.partial(sample_batches, self.replay, args.batch_size,
-                                                           args.updates_per_call, self.shardings.batch),
-                                         args.prefetch_size)
+            self.prefetcher = Prefetcher(
+                functools.partial(
+                    sample_batches, self.replay, args.batch_size, args.updates_per_call, self.shardings.batch
+                ),
+                args.prefetch_size,
+            )
         self.t0 = time.perf_counter()
         batches = self.prefetcher.get()
         self.window["wait"] += time.perf_counter() - self.t0
@@ -1200,16 +1314,21 @@ class Run:
         self.next_log += args.log_every
         now = time.perf_counter()
         window, elapsed = self.window, now - self.window["time"]
-        scalars = {"charts/SPS": (step - window["step"]) / elapsed,
-                   "replay/beta": self.replay.beta, "replay/priority_max": self.replay.max_priority(),
-                   "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed}
+        scalars = {
+            "charts/SPS": (step - window["step"]) / elapsed,
+            "replay/beta": self.replay.beta,
+            "replay/priority_max": self.replay.max_priority(),
+            "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed,
+        }
         if window["learn"] > 0:
             scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
         scalars.update({k: float(v) for k, v in self.metrics.items()})
         self.logger.scalars(step, scalars)
-        fields = (f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
-                  f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
-                  f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}")
+        fields = (
+            f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
+            f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
+            f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}"
+        )
         plain = step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps
         line = f"step {step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}"
         self.console.update(step, scalars["charts/SPS"], fields, line if plain else None)
@@ -1217,8 +1336,9 @@ class Run:
 
     def evaluate(self, prefix: str) -> np.ndarray:
         video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
-        returns = evaluate(self.act, self.act_params, self.args.env_id, self.args.eval_episodes,
-                           self.args.seed + 10_000, video)
+        returns = evaluate(
+            self.act, self.act_params, self.args.env_id, self.args.eval_episodes, self.args.seed + 10_000, video
+        )
         self.logger.eval(self.global_step, returns, video)
         self.last_eval = f"{returns.mean():.1f}"
         return returns
@@ -1233,15 +1353,21 @@ class Run:
         arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
         if self.args.checkpoint_replay:
             arrays.update(self.replay.state_dict())
-        save_checkpoint(self.run_dir, {**self.meta, "kind": "checkpoint", "global_step": self.global_step,
-                                       "episodes": self.episodes},
-                        arrays, self.global_step, self.saved["step"], self.args.keep_checkpoints)
+        save_checkpoint(
+            self.run_dir,
+            {**self.meta, "kind": "checkpoint", "global_step": self.global_step, "episodes": self.episodes},
+            arrays,
+            self.global_step,
+            self.saved["step"],
+            self.args.keep_checkpoints,
+        )
         self.saved.update(step=self.global_step, time=time.monotonic())
 
     def checkpoint_if_due(self, state: TrainState, key) -> None:
         args = self.args
-        if ((self.next_ckpt is not None and self.global_step >= self.next_ckpt)
-                or (args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes)):
+        if (self.next_ckpt is not None and self.global_step >= self.next_ckpt) or (
+            args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes
+        ):
             self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
             self.checkpoint(state, key)
 
@@ -1266,24 +1392,41 @@ class Run:
             self.logger.close()
             print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
             return {"run_dir": run_dir, "global_step": step, "signal": self.stop.signum}
-        save_npz_atomic(os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"},
-                        tree_arrays("params/", state.actor_params))
+        save_npz_atomic(
+            os.path.join(run_dir, "model.npz"),
+            {**self.meta, "kind": "model"},
+            tree_arrays("params/", state.actor_params),
+        )
         returns = self.evaluate(f"final-step-{step}")
         self.logger.close()
         write_curve(run_dir)
         if self.args.save_dataset:
             save_dataset(self.args.save_dataset, self.act, self.act_params, self.args)
         print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()),
-                "sgd_steps": int(state.sgd_steps)}
+        return {
+            "run_dir": run_dir,
+            "global_step": step,
+            "eval_mean": float(returns.mean()),
+            "sgd_steps": int(state.sgd_steps),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # Evaluation and datasets
 # ---------------------------------------------------------------------------------------------
 
-def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0.0, random: bool = False,
-            record: bool = False, video: Optional[Tuple[str, str]] = None) -> Tuple[np.ndarray, Optional[dict]]:
+
+def rollout(
+    act,
+    params,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    noise: float = 0.0,
+    random: bool = False,
+    record: bool = False,
+    video: Optional[Tuple[str, str]] = None,
+) -> Tuple[np.ndarray, Optional[dict]]:
     """Returns of `episodes` episodes run as parallel envs (each contributes its first episode)
     with the deterministic policy tanh(mean) (plus N(0, noise^2) clipped to [-1, 1]), or with
     uniformly random actions; with record=True also their transitions in D4RL's flat layout
@@ -1306,9 +1449,17 @@ def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0
                     action = np.clip(action + noise * rng.standard_normal(action.shape), -1.0, 1.0)
                 env_action = to_env_action(action, low, high)
             next_obs, reward, terminated, truncated, info = envs.step(env_action)
-            steps.append((running.copy(), obs, env_action, reward,
-                          real_next_obs(next_obs, terminated | truncated, info) if record else None,
-                          terminated, truncated))
+            steps.append(
+                (
+                    running.copy(),
+                    obs,
+                    env_action,
+                    reward,
+                    real_next_obs(next_obs, terminated | truncated, info) if record else None,
+                    terminated,
+                    truncated,
+                )
+            )
             returns += reward * running
             running &= ~(terminated | truncated)
             obs = next_obs
@@ -1317,8 +1468,9 @@ def rollout(act, params, env_id: str, episodes: int, seed: int, noise: float = 0
         columns = [np.stack(c) for c in zip(*steps)]  # each [T, episodes, ...]
         live = columns[0]
         names = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
-        return returns, {name: np.concatenate([col[live[:, i], i] for i in range(episodes)])
-                         for name, col in zip(names, columns[1:])}
+        return returns, {
+            name: np.concatenate([col[live[:, i], i] for i in range(episodes)]) for name, col in zip(names, columns[1:])
+        }
     finally:
         envs.close()
 
@@ -1332,13 +1484,21 @@ def save_dataset(path: str, act, params, args: Args) -> dict:
     returns of the normalised score in metadata/: ref_min from uniformly random actions, ref_max
     from the deterministic policy itself. Written atomically."""
     seed = args.seed + 20_000
-    returns, data = rollout(act, params, args.env_id, args.dataset_episodes, seed, noise=args.dataset_noise,
-                            record=True)
+    returns, data = rollout(
+        act, params, args.env_id, args.dataset_episodes, seed, noise=args.dataset_noise, record=True
+    )
     ref_min = float(rollout(act, params, args.env_id, args.dataset_episodes, seed, random=True)[0].mean())
     ref_max = float(evaluate(act, params, args.env_id, args.dataset_episodes, seed).mean())
-    metadata = {"env_id": args.env_id, "algorithm": f"{SCRIPT}.py", "dataset_noise": args.dataset_noise,
-                "episodes": args.dataset_episodes, "seed": seed, "ref_min_score": ref_min,
-                "ref_max_score": ref_max, "mean_return": float(returns.mean())}
+    metadata = {
+        "env_id": args.env_id,
+        "algorithm": f"{SCRIPT}.py",
+        "dataset_noise": args.dataset_noise,
+        "episodes": args.dataset_episodes,
+        "seed": seed,
+        "ref_min_score": ref_min,
+        "ref_max_score": ref_max,
+        "mean_return": float(returns.mean()),
+    }
     tmp = f"{path}.tmp.{os.getpid()}"
     with h5py.File(tmp, "w") as f:
         for name, values in data.items():
@@ -1347,8 +1507,11 @@ def save_dataset(path: str, act, params, args: Args) -> dict:
         for name, value in metadata.items():
             group.attrs[name] = value
     os.replace(tmp, path)
-    print(f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
-          f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}", flush=True)
+    print(
+        f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
+        f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}",
+        flush=True,
+    )
     return metadata
 
 
@@ -1435,9 +1598,12 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous:
             with open(path, "rb") as src:
                 write_atomic(older, lambda f: shutil.copyfileobj(src, f))
     save_npz_atomic(path, meta, arrays)
-    kept = sorted((int(m.group(1)), m.group(0)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch,
-                                                              os.listdir(run_dir)) if m)
-    for _, name in kept[:max(0, len(kept) - (keep - 1))]:
+    kept = sorted(
+        (int(m.group(1)), m.group(0))
+        for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir))
+        if m
+    )
+    for _, name in kept[: max(0, len(kept) - (keep - 1))]:
         os.remove(os.path.join(run_dir, name))
 
 
@@ -1454,14 +1620,16 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     if os.path.isdir(path):
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
-        old = path[:-len(".npz")] + ".pkl"
+        old = path[: -len(".npz")] + ".pkl"
         hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
         raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
-            raise ConfigError(f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
-                              "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                              "tools/convert_pkl.py (README, 'Old .pkl files')")
+            raise ConfigError(
+                f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
+                "since unpickling can run any code; convert a model.pkl you trust with the project's "
+                "tools/convert_pkl.py (README, 'Old .pkl files')"
+            )
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -1533,17 +1701,17 @@ def args_from_json(saved, path: str) -> Args:
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: no flags in it")
     hints, defaults, values = typing.get_type_hints(Args), Args(), {}
-    for field in dataclasses.fields(Args):
-        if field.name not in saved:
+    for flag in dataclasses.fields(Args):
+        if flag.name not in saved:
             continue
-        value = saved[field.name]
-        if not json_fits(value, hints[field.name]):
-            raise ConfigError(f"{path}: flag {field.name} is {value!r}, not a {field.type}")
-        if isinstance(getattr(defaults, field.name), tuple):
+        value = saved[flag.name]
+        if not json_fits(value, hints[flag.name]):
+            raise ConfigError(f"{path}: flag {flag.name} is {value!r}, not a {flag.type}")
+        if isinstance(getattr(defaults, flag.name), tuple):
             value = tuple(value)
-        elif type(value) is int and json_fits(0.5, hints[field.name]):
+        elif type(value) is int and json_fits(0.5, hints[flag.name]):
             value = float(value)
-        values[field.name] = value
+        values[flag.name] = value
     args = Args(**values)
     if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
         raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
@@ -1554,6 +1722,7 @@ def args_from_json(saved, path: str) -> Args:
 # ---------------------------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------------------------
+
 
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
@@ -1571,9 +1740,18 @@ class Logger:
 
             name = os.path.basename(os.path.abspath(run_dir))
             try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
-                self._wandb, self._run = wandb, wandb.init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                    name=name, dir=run_dir, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], resume="allow")
+                self._wandb, self._run = (
+                    wandb,
+                    wandb.init(
+                        project=args.wandb_project_name,
+                        entity=args.wandb_entity,
+                        config=dataclasses.asdict(args),
+                        name=name,
+                        dir=run_dir,
+                        id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
+                        resume="allow",
+                    ),
+                )
             except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
                 raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
             self._run.define_metric("global_step")
@@ -1590,15 +1768,13 @@ class Logger:
             os.replace(self._eval_csv + ".tmp", self._eval_csv)
 
     def scalars(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v))
-                                       for k, v in values.items()])
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
         if self._run is not None:
             self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
     def eval(self, step: int, returns: np.ndarray, video: Optional[Tuple[str, str]] = None) -> None:
-        self.scalars(step, {"eval/episodic_return": returns.mean(),
-                            "eval/episodic_return_std": returns.std()})
+        self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
         new = not os.path.exists(self._eval_csv)
         with open(self._eval_csv, "a", newline="") as f:
             writer = csv.writer(f)
@@ -1637,8 +1813,10 @@ class Console:
         speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
         left = round((self.total - done) / speed) if speed > 0 else None
         eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
-        sys.stdout.write(f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
-                         f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K")
+        sys.stdout.write(
+            f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
+            f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K"
+        )
         sys.stdout.flush()
         self.open = True
 
@@ -1669,8 +1847,9 @@ def write_curve(run_dir: str) -> Optional[str]:
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("events.out.tfevents."):
             for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [(event.step, make_ndarray(v.tensor).item())
-                          for v in event.summary.value if v.tag == train_tag]
+                train += [
+                    (event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag
+                ]
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
     left, right = fig.subplots(1, 2)
@@ -1696,6 +1875,7 @@ def write_curve(run_dir: str) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Command line, resume and signals
 # ---------------------------------------------------------------------------------------------
+
 
 def given_flags(argv) -> frozenset:
     """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""

@@ -23,10 +23,11 @@ def import_in_fresh_process(name: str):
     files created in the working folder, a jax backend initialised, jax config changed."""
     import subprocess
 
-    code = ("import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
-            "before = set(os.listdir('.')); load_script(%r); "
-            "import jax; from jax._src import xla_bridge; assert not xla_bridge._backends, 'jax initialised'; "
-            "assert jax.config.read('jax_cpu_enable_async_dispatch'), 'jax config changed'; "
-            "assert set(os.listdir('.')) == before, 'files created'; print('clean')") % (
-                os.path.join(ROOT, "tests"), name)
+    code = (
+        "import sys, os; sys.path.insert(0, %r); from helpers import load_script; "
+        "before = set(os.listdir('.')); load_script(%r); "
+        "import jax; from jax._src import xla_bridge; assert not xla_bridge._backends, 'jax initialised'; "
+        "assert jax.config.read('jax_cpu_enable_async_dispatch'), 'jax config changed'; "
+        "assert set(os.listdir('.')) == before, 'files created'; print('clean')"
+    ) % (os.path.join(ROOT, "tests"), name)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -12,10 +12,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import load_script  # noqa: E402
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from helpers import load_script  # noqa: E402
 
 assert len(jax.local_devices()) == 2, "XLA_FLAGS must force 2 host devices"
 B, K = 16, 3  # B splits over 2 devices; K = 3 fused steps, two calls: the target period (2) falls inside
@@ -31,9 +30,12 @@ def filled_replay(mod, name: str, n: int = 256):
         replay = mod.PrioritizedDataset(obs, rng.uniform(-1, 1, (n, 1)).astype(np.float32), 0.6, 1e-3)
         replay.update_priorities(np.arange(n), rng.uniform(0.1, 2.0, n))
         return replay
-    rows = {"obs": obs, "next_obs": rng.normal(size=(n, 3)).astype(np.float32),
-            "reward": rng.normal(size=n).astype(np.float32),
-            "discount": rng.choice([0.0, 0.99], n).astype(np.float32)}
+    rows = {
+        "obs": obs,
+        "next_obs": rng.normal(size=(n, 3)).astype(np.float32),
+        "reward": rng.normal(size=n).astype(np.float32),
+        "discount": rng.choice([0.0, 0.99], n).astype(np.float32),
+    }
     if name == "sac":
         replay = mod.PrioritizedReplay(n, 3, 1, 0.6, 1e-6)
         rows["action"] = rng.uniform(-1, 1, (n, 1)).astype(np.float32)
@@ -49,15 +51,17 @@ def filled_replay(mod, name: str, n: int = 256):
 def learner(mod, name: str, num_devices: int):
     """(update(state, batches) -> (state, metrics, priorities), initial state, shardings)."""
     if name == "dqn_prioritized":
-        args = mod.Args(batch_size=B, updates_per_call=K, target_network_frequency=2, hidden_sizes=(32, 32),
-                        num_devices=num_devices)
+        args = mod.Args(
+            batch_size=B, updates_per_call=K, target_network_frequency=2, hidden_sizes=(32, 32), num_devices=num_devices
+        )
         net = mod.QNetwork(2, args.hidden_sizes)
         optimizer = mod.make_optimizer(args, 100)
         state = mod.init_train_state(net, optimizer, (3,), jax.random.PRNGKey(0))
         return mod.make_update(net.apply, optimizer, args), state, mod.learner_shardings(args)
     if name == "sac":
-        args = mod.Args(batch_size=B, updates_per_call=K, policy_frequency=2, hidden_sizes=(32, 32),
-                        num_devices=num_devices)
+        args = mod.Args(
+            batch_size=B, updates_per_call=K, policy_frequency=2, hidden_sizes=(32, 32), num_devices=num_devices
+        )
         nets = mod.make_nets(args, 1)
         state = mod.init_train_state(nets, args, 3, 1, jax.random.PRNGKey(0))
         update = mod.make_update(nets, args, 1)
@@ -88,7 +92,7 @@ def update_mode(name: str) -> dict:
         update, state, shardings = learner(mod, name, n)
         state = jax.device_put(state, shardings.replicated)
         priorities = []
-        for c, batches in zip(calls, host):
+        for batches in host:
             on_devices = jax.device_put(batches, shardings.batch)
             state, metrics, p = update(state, on_devices)
             priorities.append(np.asarray(p))
@@ -128,16 +132,35 @@ def run_mode(name: str, folder: str) -> dict:
     mod = load_script(name)
     run_dir = os.path.join(folder, name)
     if name == "bc_offline":
-        data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                            "pendulum-sac-expert.hdf5")
-        base = dict(dataset=[data], batch_size=64, updates_per_call=50, eval_every=10_000, eval_episodes=2,
-                    hidden_sizes=(32, 32), checkpoint_every=100, keep_checkpoints=2, run_dir=run_dir)
+        data = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pendulum-sac-expert.hdf5"
+        )
+        base = dict(
+            dataset=[data],
+            batch_size=64,
+            updates_per_call=50,
+            eval_every=10_000,
+            eval_episodes=2,
+            hidden_sizes=(32, 32),
+            checkpoint_every=100,
+            keep_checkpoints=2,
+            run_dir=run_dir,
+        )
         budgets, counter = ("total_updates", (300, 400, 500)), "updates"
     else:
         env = "CartPole-v1" if name == "dqn_prioritized" else "Pendulum-v1"
-        base = dict(env_id=env, batch_size=32, updates_per_call=4, learning_starts=300, eval_every=100_000,
-                    eval_episodes=2, hidden_sizes=(32, 32), checkpoint_every=200, keep_checkpoints=2,
-                    run_dir=run_dir)
+        base = dict(
+            env_id=env,
+            batch_size=32,
+            updates_per_call=4,
+            learning_starts=300,
+            eval_every=100_000,
+            eval_episodes=2,
+            hidden_sizes=(32, 32),
+            checkpoint_every=200,
+            keep_checkpoints=2,
+            run_dir=run_dir,
+        )
         budgets, counter = ("total_timesteps", (600, 800, 1000)), "global_step"
     results = []
     for devices, budget in zip((2, 1, 2), budgets[1]):
@@ -146,10 +169,15 @@ def run_mode(name: str, folder: str) -> dict:
             flags["resume"] = run_dir
         result = mod.main(mod.Args(**flags), frozenset(flags))  # all typed, as on a command line
         meta = json.loads(np.load(os.path.join(run_dir, "checkpoint.npz"))["meta.json"].tobytes())
-        results.append({"devices": devices, "done": result[counter],
-                        "kept": sorted(f for f in os.listdir(run_dir) if f.startswith("checkpoint")),
-                        "checkpoint_args_devices": meta["args"]["num_devices"],
-                        "finite": bool(np.isfinite(result["eval_mean"]))})
+        results.append(
+            {
+                "devices": devices,
+                "done": result[counter],
+                "kept": sorted(f for f in os.listdir(run_dir) if f.startswith("checkpoint")),
+                "checkpoint_args_devices": meta["args"]["num_devices"],
+                "finite": bool(np.isfinite(result["eval_mean"])),
+            }
+        )
     return {"runs": results}
 
 

@@ -37,10 +37,15 @@ def fill(layout: str, capacity: int, episode: int, chunk: int = 1024) -> dict:
     arrays += sum(v.nbytes for v in replay.buffer.get_all_transitions().values())
     if replay.frames is not None:
         arrays += replay.frames.frames.nbytes
-    return {"layout": layout, "capacity": capacity, "episode": episode,
-            "rss_bytes": grown, "rss_bytes_per_transition": grown / capacity,
-            "array_bytes_per_transition": arrays / capacity,
-            "frames_written": replay.frames.written if replay.frames is not None else None}
+    return {
+        "layout": layout,
+        "capacity": capacity,
+        "episode": episode,
+        "rss_bytes": grown,
+        "rss_bytes_per_transition": grown / capacity,
+        "array_bytes_per_transition": arrays / capacity,
+        "frames_written": replay.frames.written if replay.frames is not None else None,
+    }
 
 
 def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
@@ -49,7 +54,9 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
     rng = np.random.default_rng(0)
     frames = None
     if layout == "compressed":
-        frames = dqn.FrameStore(dqn.FrameStore.capacity_for(capacity, 1, 1, dqn.PrioritizedReplay.STAGE_ROWS), 1, (84, 84))
+        frames = dqn.FrameStore(
+            dqn.FrameStore.capacity_for(capacity, 1, 1, dqn.PrioritizedReplay.STAGE_ROWS), 1, (84, 84)
+        )
     replay = dqn.PrioritizedReplay(capacity, (4, 84, 84), np.uint8, 0.6, 1e-6, frames)
     # Random frames (incompressible); a chunk of stacks is built once per call and reused.
     obs = rng.integers(0, 256, (chunk + 4, 84, 84), dtype=np.uint8)
@@ -60,17 +67,18 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
     while added < capacity:
         rows = min(chunk, capacity - added)
         if frames is None:
-            batch = {"obs": stacks[:rows], "next_obs": stacks[1:rows + 1]}
+            batch = {"obs": stacks[:rows], "next_obs": stacks[1 : rows + 1]}
         else:
             batch = {"obs": np.empty((rows, 4), np.int64), "next_obs": np.empty((rows, 4), np.int64)}
             for i in range(rows):
                 batch["obs"][i] = frames.stack[0]
                 done = np.array([(t + 1) % episode == 0])
-                reached, _ = frames.step(stacks[i + 1:i + 2], stacks[i:i + 1], done)
+                reached, _ = frames.step(stacks[i + 1 : i + 2], stacks[i : i + 1], done)
                 batch["next_obs"][i] = reached[0]
                 t += 1
-        batch.update(action=np.zeros(rows, np.int64), reward=np.zeros(rows, np.float32),
-                     discount=np.full(rows, 0.99, np.float32))
+        batch.update(
+            action=np.zeros(rows, np.int64), reward=np.zeros(rows, np.float32), discount=np.full(rows, 0.99, np.float32)
+        )
         replay.add(batch)
         added += rows
     replay.flush()

@@ -15,8 +15,21 @@ from helpers import ROOT, import_in_fresh_process, load_script
 
 bc = load_script("bc_offline")
 SCRIPT = os.path.join(ROOT, "algos", "bc_offline.py")
-FAST = ["--hidden-sizes", "32", "32", "--batch-size", "64", "--updates-per-call", "10",
-        "--eval-episodes", "2", "--eval-every", "100", "--log-every", "100"]
+FAST = [
+    "--hidden-sizes",
+    "32",
+    "32",
+    "--batch-size",
+    "64",
+    "--updates-per-call",
+    "10",
+    "--eval-episodes",
+    "2",
+    "--eval-every",
+    "100",
+    "--log-every",
+    "100",
+]
 
 
 def episodes_data(rng, lengths, obs_dim=3, action_dim=1, terminal_last=(True,)):
@@ -29,20 +42,27 @@ def episodes_data(rng, lengths, obs_dim=3, action_dim=1, terminal_last=(True,)):
             term[-1] = True
         else:
             trunc[-1] = True
-        eps.append({"observations": rng.normal(size=(T + 1, obs_dim)).astype(np.float32),
-                    "actions": rng.uniform(-2, 2, (T, action_dim)).astype(np.float32),
-                    "rewards": rng.normal(size=T).astype(np.float32),
-                    "terminations": term, "truncations": trunc})
+        eps.append(
+            {
+                "observations": rng.normal(size=(T + 1, obs_dim)).astype(np.float32),
+                "actions": rng.uniform(-2, 2, (T, action_dim)).astype(np.float32),
+                "rewards": rng.normal(size=T).astype(np.float32),
+                "terminations": term,
+                "truncations": trunc,
+            }
+        )
     return eps
 
 
 def flat_from_episodes(eps):
-    return {"observations": np.concatenate([e["observations"][:-1] for e in eps]),
-            "next_observations": np.concatenate([e["observations"][1:] for e in eps]),
-            "actions": np.concatenate([e["actions"] for e in eps]),
-            "rewards": np.concatenate([e["rewards"] for e in eps]),
-            "terminals": np.concatenate([e["terminations"] for e in eps]),
-            "timeouts": np.concatenate([e["truncations"] for e in eps])}
+    return {
+        "observations": np.concatenate([e["observations"][:-1] for e in eps]),
+        "next_observations": np.concatenate([e["observations"][1:] for e in eps]),
+        "actions": np.concatenate([e["actions"] for e in eps]),
+        "rewards": np.concatenate([e["rewards"] for e in eps]),
+        "terminals": np.concatenate([e["terminations"] for e in eps]),
+        "timeouts": np.concatenate([e["truncations"] for e in eps]),
+    }
 
 
 def write_d4rl(path, flat, metadata=None):
@@ -74,8 +94,11 @@ def test_three_readers_agree_including_the_t_plus_1_shift(tmp_path):
     write_d4rl(tmp_path / "d.hdf5", flat, meta)
     np.savez(tmp_path / "d.npz", **flat, **{f"metadata/{k}": v for k, v in meta.items()})
     write_minari(str(tmp_path / "minari"), eps)
-    for ds in (bc.read_dataset(str(tmp_path / "d.hdf5")), bc.read_dataset(str(tmp_path / "d.npz")),
-               bc.read_dataset(str(tmp_path / "minari"))):
+    for ds in (
+        bc.read_dataset(str(tmp_path / "d.hdf5")),
+        bc.read_dataset(str(tmp_path / "d.npz")),
+        bc.read_dataset(str(tmp_path / "minari")),
+    ):
         np.testing.assert_array_equal(ds.observations, flat["observations"])
         np.testing.assert_array_equal(ds.actions, flat["actions"])
         np.testing.assert_array_equal(ds.rewards, flat["rewards"])
@@ -100,7 +123,7 @@ def test_trajectory_split_at_terminals_and_timeouts_and_top_fraction():
     np.testing.assert_array_equal(bounds, [[0, 3], [3, 5], [5, 9], [9, 10]])  # returns 3, 10, 0, 9
     ds = bc.Dataset(np.zeros((10, 1), np.float32), np.zeros((10, 1), np.float32), rewards, terminals, timeouts, {})
     np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.5)), [3, 4, 9])  # best 2 of 4
-    np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.1)), [3, 4])    # at least 1
+    np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 0.1)), [3, 4])  # at least 1
     assert bc.top_fraction_mask(ds, 1.0).all()
 
 
@@ -124,11 +147,11 @@ def test_top_fraction_keeps_the_top_timesteps_as_decision_transformer_does():
         assert mask.sum() == sum(len(rows[k]) for k in names)  # whole trajectories only
         return names
 
-    assert kept(0.5) == "A"       # 10 rows: A (2) fits, B (12) does not, and C is not tried
-    assert kept(0.6) == "AB"      # 12 rows
-    assert kept(0.75) == "ABC"    # 15 rows; 3 of 5 trajectories, not ceil(0.75 * 5) = 4
-    assert kept(0.05) == "A"      # 1 row: the best trajectory is kept whole
-    assert kept(0.95) == "ABCD"   # 19 rows
+    assert kept(0.5) == "A"  # 10 rows: A (2) fits, B (12) does not, and C is not tried
+    assert kept(0.6) == "AB"  # 12 rows
+    assert kept(0.75) == "ABC"  # 15 rows; 3 of 5 trajectories, not ceil(0.75 * 5) = 4
+    assert kept(0.05) == "A"  # 1 row: the best trajectory is kept whole
+    assert kept(0.95) == "ABCD"  # 19 rows
     assert kept(1.0) == "ABCDE"
 
 
@@ -178,7 +201,7 @@ def test_losses_and_priorities_match_references():
     params = pol.init(jax.random.PRNGKey(2), jnp.zeros((1, 3)))
     mu, log_std = (np.asarray(x) for x in pol.apply(params, obs))
     u, sigma = np.arctanh(a), np.exp(log_std)
-    ref = -(-0.5 * ((u - mu) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a ** 2)).sum(1)
+    ref = -(-0.5 * ((u - mu) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a**2)).sum(1)
     loss, prio = bc.per_example_loss(pol, "nll", params, obs, a)
     np.testing.assert_allclose(loss, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(prio, 0.5 * (((u - mu) / sigma) ** 2).sum(1), rtol=1e-4, atol=1e-5)
@@ -202,19 +225,65 @@ def test_nll_priority_is_non_negative_where_the_nll_is_negative():
 def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path, capsys):
     sac = load_script("sac")
     data = str(tmp_path / "pend.hdf5")
-    assert sac.cli(["--total-timesteps", "300", "--learning-starts", "256", "--batch-size", "64",
-                    "--hidden-sizes", "16", "--eval-every", "300", "--eval-episodes", "2",
-                    "--run-dir", str(tmp_path / "sac"), "--save-dataset", data, "--dataset-episodes", "2",
-                    "--dataset-noise", "0.3"]) == 0
+    assert (
+        sac.cli(
+            [
+                "--total-timesteps",
+                "300",
+                "--learning-starts",
+                "256",
+                "--batch-size",
+                "64",
+                "--hidden-sizes",
+                "16",
+                "--eval-every",
+                "300",
+                "--eval-episodes",
+                "2",
+                "--run-dir",
+                str(tmp_path / "sac"),
+                "--save-dataset",
+                data,
+                "--dataset-episodes",
+                "2",
+                "--dataset-noise",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     ds = bc.read_dataset(data)
     assert len(ds.rewards) == 400 and ds.timeouts.sum() == 2 and ds.metadata["env_id"] == "Pendulum-v1"
     assert ds.metadata["ref_min_score"] < 0 and "ref_max_score" in ds.metadata
     dqn = load_script("dqn_prioritized")
     data2 = str(tmp_path / "cart.hdf5")
-    assert dqn.cli(["--total-timesteps", "300", "--learning-starts", "256", "--batch-size", "32",
-                    "--hidden-sizes", "16", "--eval-every", "300", "--eval-episodes", "2",
-                    "--run-dir", str(tmp_path / "dqn"), "--save-dataset", data2, "--dataset-episodes", "3",
-                    "--dataset-epsilon", "0.5"]) == 0
+    assert (
+        dqn.cli(
+            [
+                "--total-timesteps",
+                "300",
+                "--learning-starts",
+                "256",
+                "--batch-size",
+                "32",
+                "--hidden-sizes",
+                "16",
+                "--eval-every",
+                "300",
+                "--eval-episodes",
+                "2",
+                "--run-dir",
+                str(tmp_path / "dqn"),
+                "--save-dataset",
+                data2,
+                "--dataset-episodes",
+                "3",
+                "--dataset-epsilon",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     ds2 = bc.read_dataset(data2)
     assert ds2.actions.ndim == 1 and (ds2.terminals | ds2.timeouts).sum() == 3
 
@@ -231,22 +300,30 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
     ckpt = bc.load_npz(run, "checkpoint")[1]
     assert int(ckpt["train_state/sgd_steps"]) == 300 and len(ckpt["priority"]) == 400
     # Two files at once (their union), discrete data trains with cross-entropy.
-    assert bc.cli(FAST + ["--dataset", data2, "--dataset", data2, "--total-updates", "100",
-                          "--run-dir", str(tmp_path / "bc2")]) == 0
+    assert (
+        bc.cli(
+            FAST
+            + ["--dataset", data2, "--dataset", data2, "--total-updates", "100", "--run-dir", str(tmp_path / "bc2")]
+        )
+        == 0
+    )
     assert "examples from 2 file(s)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("problem,message", [
-    ("missing", "missing key(s) timeouts"),
-    ("lengths", "arrays of different lengths"),
-    ("nan", "observations contain NaN or inf"),
-    ("empty", "the dataset is empty"),
-    ("garbage", "unreadable dataset"),
-    ("action_shape", "do not match the env"),
-    ("bounds", "outside the env's bounds"),
-    ("no_env", "no env_id in the metadata"),
-    ("env_module", "names a module to import"),
-])
+@pytest.mark.parametrize(
+    "problem,message",
+    [
+        ("missing", "missing key(s) timeouts"),
+        ("lengths", "arrays of different lengths"),
+        ("nan", "observations contain NaN or inf"),
+        ("empty", "the dataset is empty"),
+        ("garbage", "unreadable dataset"),
+        ("action_shape", "do not match the env"),
+        ("bounds", "outside the env's bounds"),
+        ("no_env", "no env_id in the metadata"),
+        ("env_module", "names a module to import"),
+    ],
+)
 def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, problem, message):
     rng = np.random.default_rng(3)
     flat = flat_from_episodes(episodes_data(rng, [6, 6]))
@@ -279,10 +356,12 @@ def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, probl
 
 
 def test_other_bad_input(tmp_path, capsys):
-    cases = [(["--dataset", str(tmp_path / "nope.hdf5")], "no such file"),
-             (["--loss", "l1"], "--loss must be"),
-             (["--top-fraction", "0"], "--top-fraction must be"),
-             (["--eval-only"], "needs --load")]
+    cases = [
+        (["--dataset", str(tmp_path / "nope.hdf5")], "no such file"),
+        (["--loss", "l1"], "--loss must be"),
+        (["--top-fraction", "0"], "--top-fraction must be"),
+        (["--eval-only"], "needs --load"),
+    ]
     # Discrete dataset against a continuous env.
     flat = flat_from_episodes(episodes_data(np.random.default_rng(4), [5]))
     flat["actions"] = np.zeros(5, np.int64)

@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers import ROOT
 
 BENCH = os.path.join(ROOT, "benchmark.sh")
@@ -30,16 +29,19 @@ def bench(*argv, **kw):
     return subprocess.run(["bash", BENCH, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "no mode given"),
-    (["bogus"], "unknown mode 'bogus'"),
-    (["quick", "full"], "one mode at a time"),
-    (["-j", "0", "quick"], "-j needs a positive whole number, got '0'"),
-    (["-j"], "-j needs a value"),
-    (["--seeds", "x", "quick"], "--seeds needs a positive whole number, got 'x'"),
-    (["--seeds", "-3", "quick"], "--seeds needs a positive whole number"),
-    (["--frob", "quick"], "unknown option '--frob'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "no mode given"),
+        (["bogus"], "unknown mode 'bogus'"),
+        (["quick", "full"], "one mode at a time"),
+        (["-j", "0", "quick"], "-j needs a positive whole number, got '0'"),
+        (["-j"], "-j needs a value"),
+        (["--seeds", "x", "quick"], "--seeds needs a positive whole number, got 'x'"),
+        (["--seeds", "-3", "quick"], "--seeds needs a positive whole number"),
+        (["--frob", "quick"], "unknown option '--frob'"),
+    ],
+)
 def test_benchmark_sh_rejects_bad_arguments(argv, message, tmp_path):
     result = bench("--runs", str(tmp_path / "runs"), *argv)
     assert result.returncode == 2
@@ -72,8 +74,13 @@ def make_run(stem, script, *flags):
     """What benchmark.sh's run() does: run dir, .log, .exit."""
     os.makedirs(os.path.dirname(stem), exist_ok=True)
     with open(stem + ".log", "w") as log:
-        rc = subprocess.run([sys.executable, os.path.join(ROOT, "algos", script), *flags, "--run-dir", stem],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=300).returncode
+        rc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "algos", script), *flags, "--run-dir", stem],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            timeout=300,
+        ).returncode
     with open(stem + ".exit", "w") as f:
         f.write(f"{rc}\n")
     return rc
@@ -86,8 +93,22 @@ def eval_rows(stem):
 
 def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "results"
-    dqn = ["--total-timesteps", "3000", "--learning-starts", "500", "--eval-every", "1000",
-           "--eval-episodes", "2", "--log-every", "500", "--updates-per-call", "4", "--checkpoint-every", "0"]
+    dqn = [
+        "--total-timesteps",
+        "3000",
+        "--learning-starts",
+        "500",
+        "--eval-every",
+        "1000",
+        "--eval-episodes",
+        "2",
+        "--log-every",
+        "500",
+        "--updates-per-call",
+        "4",
+        "--checkpoint-every",
+        "0",
+    ]
     stems = [str(runs / "tiny" / "dqn" / "CartPole-v1" / f"seed{s}") for s in (1, 2, 3)]
     assert make_run(stems[0], "dqn_prioritized.py", "--seed", "1", *dqn) == 0
     assert make_run(stems[1], "dqn_prioritized.py", "--seed", "2", *dqn) == 0
@@ -95,25 +116,61 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     unfinished = runs / "tiny" / "dqn" / "CartPole-v1" / "seed4"
     unfinished.mkdir()  # started, never ended: no exit status, no model
     bc_stem = str(runs / "tiny" / "bc" / "pendulum-sac-expert" / "seed1")
-    assert make_run(bc_stem, "bc_offline.py", "--total-updates", "200", "--updates-per-call", "50",
-                    "--eval-every", "100", "--eval-episodes", "2", "--log-every", "50") == 0
+    assert (
+        make_run(
+            bc_stem,
+            "bc_offline.py",
+            "--total-updates",
+            "200",
+            "--updates-per-call",
+            "50",
+            "--eval-every",
+            "100",
+            "--eval-episodes",
+            "2",
+            "--log-every",
+            "50",
+        )
+        == 0
+    )
 
     # Side files of `benchmark.sh atari`: a real (small) replay-memory measurement, a prefetch record.
-    memory = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "replay_memory.py"), "--layout",
-                             "compressed", "--capacity", "2000"], capture_output=True, text=True, timeout=300)
+    memory = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "replay_memory.py"),
+            "--layout",
+            "compressed",
+            "--capacity",
+            "2000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert memory.returncode == 0, memory.stderr
     (runs / "tiny" / "replay-memory.jsonl").write_text(memory.stdout)
     measured = json.loads(memory.stdout)
-    prefetch = {"device": "cpu:0", "updates_per_call": 32, "batch_size": 32, "sample_and_put_ms_per_call": 45.0,
-                "updates_per_second_prefetch_on": 15.84, "updates_per_second_prefetch_off": 17.2,
-                "ratio_on_over_off": 0.92, "on": [15.84, 15.6], "off": [17.2, 17.1]}
+    prefetch = {
+        "device": "cpu:0",
+        "updates_per_call": 32,
+        "batch_size": 32,
+        "sample_and_put_ms_per_call": 45.0,
+        "updates_per_second_prefetch_on": 15.84,
+        "updates_per_second_prefetch_off": 17.2,
+        "ratio_on_over_off": 0.92,
+        "on": [15.84, 15.6],
+        "off": [17.2, 17.1],
+    }
     (runs / "tiny" / "prefetch.json").write_text(json.dumps(prefetch))
 
     result = bench("summary", "--runs", str(runs), "--out", str(out))
     assert result.returncode == 0, result.stderr
     text = (out / "summary.md").read_text()
-    assert f"| compressed | 2,000 | {measured['rss_bytes'] / 2**30:.2f} GiB | " \
-           f"{measured['rss_bytes_per_transition']:,.0f} B |" in text
+    assert (
+        f"| compressed | 2,000 | {measured['rss_bytes'] / 2**30:.2f} GiB | "
+        f"{measured['rss_bytes_per_transition']:,.0f} B |" in text
+    )
     assert "15.8 vs 17.2 updates/s (ratio 0.92, median over 2 repeats)" in text
 
     # DQN row: final eval = last eval.csv row of each finished seed; mean and std over seeds.
@@ -132,6 +189,7 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
         assert run.env_id == "CartPole-v1"
         # Throughput read back equals what the run logged to tensorboard.
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
         acc = EventAccumulator(glob.glob(os.path.join(stem, "events.out.tfevents.*"))[0])
         acc.Reload()
         logged = [e.value for e in acc.Scalars("perf/updates_per_second") if e.value > 0]

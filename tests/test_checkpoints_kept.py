@@ -11,12 +11,33 @@ from helpers import ROOT, load_script
 
 MODULES = {name: load_script(name) for name in ("dqn_prioritized", "sac", "bc_offline")}
 SMALL = {
-    "dqn_prioritized": dict(hidden_sizes=(16,), learning_starts=100, batch_size=16, buffer_size=1000,
-                            updates_per_call=4, eval_episodes=1, eval_every=10_000),
-    "sac": dict(env_id="Pendulum-v1", hidden_sizes=(16,), learning_starts=100, batch_size=16, buffer_size=1000,
-                updates_per_call=4, eval_episodes=1, eval_every=10_000),
-    "bc_offline": dict(hidden_sizes=(16,), batch_size=16, updates_per_call=10, eval_episodes=1, eval_every=10_000,
-                       dataset=[os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")]),
+    "dqn_prioritized": dict(
+        hidden_sizes=(16,),
+        learning_starts=100,
+        batch_size=16,
+        buffer_size=1000,
+        updates_per_call=4,
+        eval_episodes=1,
+        eval_every=10_000,
+    ),
+    "sac": dict(
+        env_id="Pendulum-v1",
+        hidden_sizes=(16,),
+        learning_starts=100,
+        batch_size=16,
+        buffer_size=1000,
+        updates_per_call=4,
+        eval_episodes=1,
+        eval_every=10_000,
+    ),
+    "bc_offline": dict(
+        hidden_sizes=(16,),
+        batch_size=16,
+        updates_per_call=10,
+        eval_episodes=1,
+        eval_every=10_000,
+        dataset=[os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")],
+    ),
 }
 
 
@@ -33,7 +54,9 @@ def step_of(script, path) -> int:
 
 
 def kept(run_dir):
-    return sorted(int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir)) if m)
+    return sorted(
+        int(m.group(1)) for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir)) if m
+    )
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -80,8 +103,15 @@ def test_a_failed_write_removes_nothing(script, tmp_path, monkeypatch):
 def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_path):
     """--checkpoint-every 0 and a period of 30 ms: checkpoints still come, by the clock."""
     budget = 1000 if script == "bc_offline" else 1500
-    run(script, tmp_path, budget, checkpoint_every=0, checkpoint_minutes=0.0005, keep_checkpoints=1000,
-        **({} if script == "bc_offline" else {"checkpoint_replay": False}))
+    run(
+        script,
+        tmp_path,
+        budget,
+        checkpoint_every=0,
+        checkpoint_minutes=0.0005,
+        keep_checkpoints=1000,
+        **({} if script == "bc_offline" else {"checkpoint_replay": False}),
+    )
     steps = kept(tmp_path)
     assert len(steps) >= 2 and all(0 < s < budget for s in steps), steps
     for step in steps:

@@ -25,17 +25,80 @@ bc = load_script("bc_offline")
 # The FAST flags of tests/test_dqn_run.py, test_sac.py and test_bc.py, and a length that gives
 # one evaluation inside the loop plus the final one.
 RUNS = {
-    "dqn": (dqn, ["--hidden-sizes", "32", "32", "--learning-starts", "200", "--batch-size", "32",
-                  "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
-                  "--eval-every", "1000", "--log-every", "500", "--total-timesteps", "2000"],
-            ["eval-step-1000-episode-0.mp4", "final-step-2000-episode-0.mp4"], "final eval at step"),
-    "sac": (sac, ["--hidden-sizes", "32", "32", "--learning-starts", "256", "--batch-size", "64",
-                  "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
-                  "--eval-every", "500", "--log-every", "250", "--total-timesteps", "600"],
-            ["eval-step-500-episode-0.mp4", "final-step-600-episode-0.mp4"], "final eval at step"),
-    "bc": (bc, ["--hidden-sizes", "32", "32", "--batch-size", "64", "--updates-per-call", "10",
-                "--eval-episodes", "2", "--eval-every", "100", "--log-every", "100", "--total-updates", "200"],
-           ["eval-update-100-episode-0.mp4", "final-update-200-episode-0.mp4"], "final eval after"),
+    "dqn": (
+        dqn,
+        [
+            "--hidden-sizes",
+            "32",
+            "32",
+            "--learning-starts",
+            "200",
+            "--batch-size",
+            "32",
+            "--buffer-size",
+            "5000",
+            "--updates-per-call",
+            "4",
+            "--eval-episodes",
+            "2",
+            "--eval-every",
+            "1000",
+            "--log-every",
+            "500",
+            "--total-timesteps",
+            "2000",
+        ],
+        ["eval-step-1000-episode-0.mp4", "final-step-2000-episode-0.mp4"],
+        "final eval at step",
+    ),
+    "sac": (
+        sac,
+        [
+            "--hidden-sizes",
+            "32",
+            "32",
+            "--learning-starts",
+            "256",
+            "--batch-size",
+            "64",
+            "--buffer-size",
+            "5000",
+            "--updates-per-call",
+            "4",
+            "--eval-episodes",
+            "2",
+            "--eval-every",
+            "500",
+            "--log-every",
+            "250",
+            "--total-timesteps",
+            "600",
+        ],
+        ["eval-step-500-episode-0.mp4", "final-step-600-episode-0.mp4"],
+        "final eval at step",
+    ),
+    "bc": (
+        bc,
+        [
+            "--hidden-sizes",
+            "32",
+            "32",
+            "--batch-size",
+            "64",
+            "--updates-per-call",
+            "10",
+            "--eval-episodes",
+            "2",
+            "--eval-every",
+            "100",
+            "--log-every",
+            "100",
+            "--total-updates",
+            "200",
+        ],
+        ["eval-update-100-episode-0.mp4", "final-update-200-episode-0.mp4"],
+        "final eval after",
+    ),
 }
 
 
@@ -108,8 +171,12 @@ def test_plain_log_no_curve_without_matplotlib_and_eval_only_video(tmp_path, mon
     assert not os.path.exists(os.path.join(run_dir, "curve.png"))
     assert not glob.glob(os.path.join(run_dir, "*.tmp.*"))
     # --eval-only films into the folder of --load.
-    assert module.cli(["--eval-only", "--load", os.path.join(run_dir, "model.npz"), "--eval-episodes", "2",
-                       "--capture-video"]) == 0
+    assert (
+        module.cli(
+            ["--eval-only", "--load", os.path.join(run_dir, "model.npz"), "--eval-episodes", "2", "--capture-video"]
+        )
+        == 0
+    )
     assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-model-episode-0.mp4"]
 
 
@@ -133,9 +200,16 @@ def test_track_without_a_wandb_login_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
     env.update(HOME=str(tmp_path), WANDB_MODE="online", WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
     _, fast, _, _ = RUNS["dqn"]
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py")] + fast
-                         + ["--track", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
-                         env=env, stdin=subprocess.DEVNULL, timeout=300)
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py")]
+        + fast
+        + ["--track", "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     err = out.stderr.strip()
     assert out.returncode == 2 and len(err.splitlines()) == 1, err
     assert "--track:" in err and "API key" in err and "WANDB_MODE=offline" in err, err
@@ -158,11 +232,11 @@ def wandb_records(path):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # zero padding up to the end of the block
             pos += block - pos % block
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -173,15 +247,21 @@ def wandb_records(path):
 
 
 def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_path, monkeypatch):
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "wandb"),
-                        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-                        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
-                        "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}.items():
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(tmp_path / "wandb"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+    }.items():
         monkeypatch.setenv(name, value)
     module, fast, _, _ = RUNS["dqn"]
     run_dir = str(tmp_path / "CartPole-v1__dqn__1__123")
-    assert module.cli(fast + ["--track", "--capture-video", "--wandb-project-name", "test-project",
-                              "--run-dir", run_dir]) == 0
+    assert (
+        module.cli(fast + ["--track", "--capture-video", "--wandb-project-name", "test-project", "--run-dir", run_dir])
+        == 0
+    )
     files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(files) == 1, os.listdir(run_dir)
     history, config, run_ids = [], {}, []
@@ -201,8 +281,14 @@ def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_pat
                 run_ids.append(record.run.run_id)
     assert run_ids and set(run_ids) == {"CartPole-v1__dqn__1__123"}  # the run folder's name
     # The flags are the run's config.
-    for flag, value in {"env_id": "CartPole-v1", "total_timesteps": 2000, "track": True, "capture_video": True,
-                        "wandb_project_name": "test-project", "hidden_sizes": [32, 32]}.items():
+    for flag, value in {
+        "env_id": "CartPole-v1",
+        "total_timesteps": 2000,
+        "track": True,
+        "capture_video": True,
+        "wandb_project_name": "test-project",
+        "hidden_sizes": [32, 32],
+    }.items():
         assert config[flag] == value or config[flag] == {"value": value}, (flag, config[flag])
     # The evaluations logged are eval.csv's, at the same global steps.
     logged = {row["global_step"]: row["eval/episodic_return"] for row in history if "eval/episodic_return" in row}
@@ -231,6 +317,7 @@ def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path
 
     def full(src, dst):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(module.os, "replace", full)
     assert module.write_curve(str(run_dir)) is None
     err = capsys.readouterr().err.strip()

@@ -34,16 +34,34 @@ class PoisonedRewards(gym.Env):
 gym.register("TestPoisonedRewards-v0", entry_point=PoisonedRewards)
 gym.register("TestPoisonedRewardsBox-v0", entry_point=PoisonedRewards, kwargs={"continuous": True})
 
-COMMON = ["--hidden-sizes", "16", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "2000",
-          "--updates-per-call", "4", "--eval-every", "100000", "--total-timesteps", "3000"]
+COMMON = [
+    "--hidden-sizes",
+    "16",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "2000",
+    "--updates-per-call",
+    "4",
+    "--eval-every",
+    "100000",
+    "--total-timesteps",
+    "3000",
+]
 
 
-@pytest.mark.parametrize("script,env_id,extra", [
-    (dqn, "TestPoisonedRewards-v0", ["--prioritized"]),
-    (dqn, "TestPoisonedRewards-v0", ["--no-prioritized"]),
-    (sac, "TestPoisonedRewardsBox-v0", ["--prioritized"]),
-    (sac, "TestPoisonedRewardsBox-v0", ["--no-prioritized"]),
-], ids=["dqn-per", "dqn-uniform", "sac-per", "sac-uniform"])
+@pytest.mark.parametrize(
+    "script,env_id,extra",
+    [
+        (dqn, "TestPoisonedRewards-v0", ["--prioritized"]),
+        (dqn, "TestPoisonedRewards-v0", ["--no-prioritized"]),
+        (sac, "TestPoisonedRewardsBox-v0", ["--prioritized"]),
+        (sac, "TestPoisonedRewardsBox-v0", ["--no-prioritized"]),
+    ],
+    ids=["dqn-per", "dqn-uniform", "sac-per", "sac-uniform"],
+)
 def test_a_non_finite_td_error_ends_the_run_in_one_line_naming_the_step(script, env_id, extra, tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     assert script.cli(COMMON + extra + ["--env-id", env_id, "--run-dir", run_dir]) == 1
@@ -70,8 +88,25 @@ def test_bc_divergence_is_one_line_naming_the_step(monkeypatch, tmp_path, capsys
 
     monkeypatch.setattr(bc, "per_example_loss", always_nan)
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
-    assert bc.cli(["--dataset", data, "--total-updates", "100", "--updates-per-call", "10", "--batch-size", "32",
-                   "--hidden-sizes", "16", "--run-dir", str(tmp_path / "run")]) == 1
+    assert (
+        bc.cli(
+            [
+                "--dataset",
+                data,
+                "--total-updates",
+                "100",
+                "--updates-per-call",
+                "10",
+                "--batch-size",
+                "32",
+                "--hidden-sizes",
+                "16",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "diverged" in err and "SGD step 1;" in err, err
 
@@ -80,8 +115,26 @@ def test_bc_nll_with_prioritized_sampling_keeps_a_finite_score(tmp_path, capsys)
     """Before issue 11 the negative nll went into cpprb as a priority and the score came out NaN."""
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
     run_dir = str(tmp_path / "run")
-    assert bc.cli(["--dataset", data, "--loss", "nll", "--prioritized", "--total-updates", "2000",
-                   "--eval-episodes", "2", "--eval-every", "100000", "--run-dir", run_dir]) == 0
+    assert (
+        bc.cli(
+            [
+                "--dataset",
+                data,
+                "--loss",
+                "nll",
+                "--prioritized",
+                "--total-updates",
+                "2000",
+                "--eval-episodes",
+                "2",
+                "--eval-every",
+                "100000",
+                "--run-dir",
+                run_dir,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     score = float(out.split("normalised score ")[1].split(";")[0])
     assert np.isfinite(score)

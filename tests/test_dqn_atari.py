@@ -99,8 +99,11 @@ def test_sample_decodes_the_sampled_rows_and_never_returns_overwritten_frames():
         obs, ids = streams.obs.copy(), frames.stack.copy()
         reached, next_obs, done = streams.step(p_done=0.3)
         reached_ids, _ = frames.step(reached, next_obs, done)
-        common = {"action": np.zeros(num_envs, np.int64), "reward": np.zeros(num_envs, np.float32),
-                  "discount": np.ones(num_envs, np.float32)}
+        common = {
+            "action": np.zeros(num_envs, np.int64),
+            "reward": np.zeros(num_envs, np.float32),
+            "discount": np.ones(num_envs, np.float32),
+        }
         compressed.add({"obs": ids, "next_obs": reached_ids, **common})
         naive.add({"obs": obs, "next_obs": reached, **common})
     compressed.flush()
@@ -133,10 +136,21 @@ def test_replay_memory_per_transition_is_about_one_frame():
     action, reward, discount: 80 B), cpprb's sum and min trees and our write counter and priority
     mirror (< 64 B): under 8,000 B. The naive layout keeps 2 x 4 frames: 56,448 B, which the same
     measurement must see (so the measurement itself can fail)."""
+
     def measure(layout, capacity):
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "replay_memory.py"),
-                              "--layout", layout, "--capacity", str(capacity)],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "tests", "replay_memory.py"),
+                "--layout",
+                layout,
+                "--capacity",
+                str(capacity),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -199,9 +213,19 @@ def test_preset_fills_defaults_and_given_flags_still_win():
 
 def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
     run_dir = str(tmp_path / "pong")
-    small = dict(env_id="ALE/Pong-v5", buffer_size=2_000, learning_starts=200, batch_size=16,
-                 updates_per_call=4, eval_episodes=1, max_episode_frames=1_000, eval_every=10_000,
-                 log_every=100, checkpoint_every=0, run_dir=run_dir)
+    small = dict(
+        env_id="ALE/Pong-v5",
+        buffer_size=2_000,
+        learning_starts=200,
+        batch_size=16,
+        updates_per_call=4,
+        eval_episodes=1,
+        max_episode_frames=1_000,
+        eval_every=10_000,
+        log_every=100,
+        checkpoint_every=0,
+        run_dir=run_dir,
+    )
     args = dqn.Args(**{**dqn.ATARI_PRESET, "preset": "atari", "total_timesteps": 400, **small})
     result = dqn.main(args)
     assert result["sgd_steps"] == (400 - 200) // 4 // 4 * 4

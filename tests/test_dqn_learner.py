@@ -11,16 +11,18 @@ dqn = load_script("dqn_prioritized")
 
 def huber(x, delta):
     a = np.abs(x)
-    return np.where(a <= delta, 0.5 * x ** 2, delta * (a - 0.5 * delta))
+    return np.where(a <= delta, 0.5 * x**2, delta * (a - 0.5 * delta))
 
 
 def random_batch(rng, batch, obs_dim, num_actions):
-    return {"obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
-            "next_obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
-            "action": rng.integers(0, num_actions, batch),
-            "reward": rng.normal(size=batch).astype(np.float32) * 2,
-            "discount": (rng.random(batch) < 0.7).astype(np.float32) * 0.97 ** 3,
-            "weights": rng.random(batch).astype(np.float32)}
+    return {
+        "obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
+        "next_obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
+        "action": rng.integers(0, num_actions, batch),
+        "reward": rng.normal(size=batch).astype(np.float32) * 2,
+        "discount": (rng.random(batch) < 0.7).astype(np.float32) * 0.97**3,
+        "weights": rng.random(batch).astype(np.float32),
+    }
 
 
 def numpy_double_q_loss(q, q_next_online, q_next_target, b, delta):
@@ -41,8 +43,9 @@ def test_loss_matches_numpy_reference(delta):
     b = random_batch(rng, 64, 5, 3)
     loss, (td, _) = dqn.double_q_loss(net.apply, params, target, b, delta)
     q = np.asarray(net.apply(params, b["obs"]))
-    ref_loss, ref_td = numpy_double_q_loss(q, np.asarray(net.apply(params, b["next_obs"])),
-                                           np.asarray(net.apply(target, b["next_obs"])), b, delta)
+    ref_loss, ref_td = numpy_double_q_loss(
+        q, np.asarray(net.apply(params, b["next_obs"])), np.asarray(net.apply(target, b["next_obs"])), b, delta
+    )
     np.testing.assert_allclose(np.asarray(td), ref_td, rtol=1e-5, atol=1e-5)
     assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
     # The online net selects, the target net evaluates: swapping them must change the result.
@@ -85,8 +88,12 @@ def test_fused_update_equals_sequential_steps_and_counts_target_period():
     assert int(fused_state.sgd_steps) == K
     # Target copied at SGD step 6 (the last multiple of 3 <= 7), not after step 7.
     assert td.shape == (K, 8) and np.isfinite(float(metrics["losses/td_loss"]))
-    diff = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(fused_state.params),
-                                                         jax.tree_util.tree_leaves(fused_state.target_params))]
+    diff = [
+        float(jnp.abs(a - b).max())
+        for a, b in zip(
+            jax.tree_util.tree_leaves(fused_state.params), jax.tree_util.tree_leaves(fused_state.target_params)
+        )
+    ]
     assert max(diff) > 0  # step 7 moved the online net away from the copy
 
 
@@ -98,10 +105,14 @@ def test_polyak_target_update():
     old_target = jax.device_get(state.target_params)
     b = random_batch(np.random.default_rng(0), 8, 3, 2)
     new, _, _ = dqn.make_update(net.apply, opt, args)(state, {k: v[None] for k, v in b.items()})
-    for p, t_old, t_new in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(old_target),
-                               jax.tree_util.tree_leaves(new.target_params)):
-        np.testing.assert_allclose(np.asarray(t_new), 0.25 * np.asarray(p) + 0.75 * np.asarray(t_old),
-                                   rtol=1e-5, atol=1e-6)
+    for p, t_old, t_new in zip(
+        jax.tree_util.tree_leaves(new.params),
+        jax.tree_util.tree_leaves(old_target),
+        jax.tree_util.tree_leaves(new.target_params),
+    ):
+        np.testing.assert_allclose(
+            np.asarray(t_new), 0.25 * np.asarray(p) + 0.75 * np.asarray(t_old), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_epsilon_greedy_act():
@@ -127,8 +138,7 @@ def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that
     """The TD of step k uses the parameters from before it, so a blow-up in the last step of a
     call would otherwise surface one call later, possibly after a checkpoint of the bad state."""
     rng = np.random.default_rng(3)
-    args = dqn.Args(hidden_sizes=(16,), updates_per_call=3, learning_rate=1e38, anneal_lr=False,
-                    max_grad_norm=1e30)
+    args = dqn.Args(hidden_sizes=(16,), updates_per_call=3, learning_rate=1e38, anneal_lr=False, max_grad_norm=1e30)
     net = dqn.QNetwork(2, args.hidden_sizes)
     optimizer = dqn.make_optimizer(args, 100)
     state = dqn.init_train_state(net, optimizer, (4,), jax.random.PRNGKey(0))

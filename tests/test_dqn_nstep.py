@@ -19,10 +19,17 @@ def brute_force(episodes, n, gamma):
         T = len(actions)
         for t in range(T):
             k = min(n, T - t)
-            ret = sum(gamma ** j * rewards[t + j] for j in range(k))
+            ret = sum(gamma**j * rewards[t + j] for j in range(k))
             ends_terminal = terminated and t + k == T
-            out.append((tuple(np.round(obs[t], 5)), int(actions[t]), round(float(ret), 4),
-                        tuple(np.round(obs[t + k], 5)), round(0.0 if ends_terminal else gamma ** k, 5)))
+            out.append(
+                (
+                    tuple(np.round(obs[t], 5)),
+                    int(actions[t]),
+                    round(float(ret), 4),
+                    tuple(np.round(obs[t + k], 5)),
+                    round(0.0 if ends_terminal else gamma**k, 5),
+                )
+            )
     return sorted(out)
 
 
@@ -43,9 +50,15 @@ def simulate(num_envs, n, gamma, steps, seed, clip=None):
         out = asm.push(obs, action, reward, final, terminated, truncated)
         if out is not None:
             for i in range(len(out["action"])):
-                emitted.append((tuple(np.round(out["obs"][i], 5)), int(out["action"][i]),
-                                round(float(out["reward"][i]), 4), tuple(np.round(out["next_obs"][i], 5)),
-                                round(float(out["discount"][i]), 5)))
+                emitted.append(
+                    (
+                        tuple(np.round(out["obs"][i], 5)),
+                        int(out["action"][i]),
+                        round(float(out["reward"][i]), 4),
+                        tuple(np.round(out["next_obs"][i], 5)),
+                        round(float(out["discount"][i]), 5),
+                    )
+                )
         next_obs = final.copy()
         for e in range(num_envs):
             c = current[e]
@@ -53,8 +66,9 @@ def simulate(num_envs, n, gamma, steps, seed, clip=None):
             c["r"].append(np.clip(reward[e], -clip, clip) if clip else reward[e])
             c["obs"].append(final[e])
             if terminated[e] or truncated[e]:
-                episodes[e].append((np.array(c["obs"]), np.array(c["a"]), np.array(c["r"], np.float64),
-                                    bool(terminated[e])))
+                episodes[e].append(
+                    (np.array(c["obs"]), np.array(c["a"]), np.array(c["r"], np.float64), bool(terminated[e]))
+                )
                 reset = rng.normal(size=2).astype(np.float32)
                 current[e] = {"obs": [reset], "a": [], "r": []}
                 next_obs[e] = reset
@@ -72,9 +86,16 @@ def test_nstep_matches_brute_force(num_envs, n):
     # Unfinished episodes: their first T - (n - 1) transitions are already out (full n steps).
     for c in unfinished:
         T = len(c["a"])
-        full = [(tuple(np.round(c["obs"][t], 5)), int(c["a"][t]),
-                 round(float(sum(gamma ** j * np.float64(c["r"][t + j]) for j in range(n))), 4),
-                 tuple(np.round(c["obs"][t + n], 5)), round(gamma ** n, 5)) for t in range(T - n + 1)]
+        full = [
+            (
+                tuple(np.round(c["obs"][t], 5)),
+                int(c["a"][t]),
+                round(float(sum(gamma**j * np.float64(c["r"][t + j]) for j in range(n))), 4),
+                tuple(np.round(c["obs"][t + n], 5)),
+                round(gamma**n, 5),
+            )
+            for t in range(T - n + 1)
+        ]
         expected += full
     expected = sorted(expected)
     assert len(emitted) == len(expected)

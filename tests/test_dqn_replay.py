@@ -13,8 +13,13 @@ dqn = load_script("dqn_prioritized")
 
 def rows(n, start=0, obs_dim=2):
     v = np.arange(start, start + n, dtype=np.float32)
-    return {"obs": np.repeat(v[:, None], obs_dim, 1), "next_obs": np.repeat(v[:, None], obs_dim, 1) + 0.5,
-            "action": np.arange(start, start + n) % 3, "reward": v, "discount": np.full(n, 0.9, np.float32)}
+    return {
+        "obs": np.repeat(v[:, None], obs_dim, 1),
+        "next_obs": np.repeat(v[:, None], obs_dim, 1) + 0.5,
+        "action": np.arange(start, start + n) % 3,
+        "reward": v,
+        "discount": np.full(n, 0.9, np.float32),
+    }
 
 
 def make(capacity=16, alpha=0.6, eps=1e-6):
@@ -37,10 +42,12 @@ def test_staged_rows_reach_the_buffer_on_flush_and_keep_their_contents():
 
 def test_new_transitions_get_the_max_priority_so_far():
     rp = make(alpha=1.0, eps=0.0)
-    rp.add(rows(4)); rp.flush()
+    rp.add(rows(4))
+    rp.flush()
     _, idx, stamps = rp.sample(4)
     rp.update_priorities(np.array([0, 1, 2, 3]), np.zeros(4, np.int64) + 1, np.array([1.0, 2.0, 7.0, 3.0]))
-    rp.add(rows(2, start=4)); rp.flush()
+    rp.add(rows(2, start=4))
+    rp.flush()
     assert rp.priority[4] == rp.priority[5] == 7.0
     assert rp.max_priority() == 7.0
 
@@ -48,7 +55,8 @@ def test_new_transitions_get_the_max_priority_so_far():
 def test_importance_weights_match_hand_computation():
     alpha, eps, beta = 0.6, 0.01, 0.5
     rp = make(capacity=8, alpha=alpha, eps=eps)
-    rp.add(rows(5)); rp.flush()
+    rp.add(rows(5))
+    rp.flush()
     p = np.array([0.5, 1.0, 2.0, 4.0, 0.1])
     rp.update_priorities(np.arange(5), np.ones(5, np.int64), p)
     rp.beta = beta
@@ -66,7 +74,8 @@ def test_importance_weights_match_hand_computation():
 
 def test_uniform_mode_is_alpha_zero():
     rp = make(capacity=8, alpha=0.0)
-    rp.add(rows(8)); rp.flush()
+    rp.add(rows(8))
+    rp.flush()
     rp.update_priorities(np.arange(8), np.ones(8, np.int64), np.array([100.0, 1, 1, 1, 1, 1, 1, 0.01]))
     rp.beta = 0.7
     batch, idx, _ = rp.sample(4000)
@@ -76,11 +85,13 @@ def test_uniform_mode_is_alpha_zero():
 
 def test_stale_priorities_never_land_on_overwritten_slots():
     rp = make(capacity=4, alpha=1.0, eps=0.0)
-    rp.add(rows(4)); rp.flush()
+    rp.add(rows(4))
+    rp.flush()
     _, idx, stamps = rp.sample(64)
     assert set(idx.tolist()) == {0, 1, 2, 3}
     # Slots 0 and 1 are overwritten by new transitions after the sample was drawn.
-    rp.add(rows(2, start=10)); rp.flush()
+    rp.add(rows(2, start=10))
+    rp.flush()
     new_max = rp.max_priority()
     kept = rp.update_priorities(idx, stamps, np.full(len(idx), 50.0))
     assert kept == int(np.isin(idx, [2, 3]).sum())
@@ -98,7 +109,8 @@ def test_beta_schedule_linear_to_one():
 @pytest.mark.parametrize("stored,next_index", [(5, 5), (8, 3), (8, 0)])
 def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(stored, next_index):
     rp = make(capacity=8, alpha=1.0, eps=0.0)
-    rp.add(rows(stored + (next_index if stored == 8 else 0))); rp.flush()
+    rp.add(rows(stored + (next_index if stored == 8 else 0)))
+    rp.flush()
     assert rp.buffer.get_next_index() == next_index
     rp.update_priorities(np.arange(stored), rp.write_count[:stored].copy(), np.arange(1, stored + 1) * 1.5)
     rp.update_priorities(np.array([0]), rp.write_count[:1].copy(), np.array([99.0]))
@@ -121,6 +133,7 @@ def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(sto
 
 
 # --- threads ---------------------------------------------------------------------------------
+
 
 def test_prefetcher_delivers_every_item_in_order_and_stops_cleanly():
     produced = iter(range(100))
@@ -157,7 +170,8 @@ def test_prefetcher_reraises_producer_errors():
 
 def test_priority_writer_applies_updates_and_reports_errors():
     rp = make(capacity=8, alpha=1.0, eps=0.0)
-    rp.add(rows(8)); rp.flush()
+    rp.add(rows(8))
+    rp.flush()
     _, idx, stamps = rp.sample(16)
     w = dqn.PriorityWriter(rp)
     td = np.arange(16, dtype=np.float32).reshape(2, 8)  # [K, B] as the learner returns them
@@ -177,7 +191,8 @@ def test_priority_writer_applies_updates_and_reports_errors():
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tree(bad):
     rp = make(capacity=8, alpha=1.0, eps=0.0)
-    rp.add(rows(8)); rp.flush()
+    rp.add(rows(8))
+    rp.flush()
     before = rp.priority.copy()
     _, idx, stamps = rp.sample(4, 3)
     td = np.ones((3, 4))
@@ -198,7 +213,8 @@ def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tre
 
 def test_uniform_runs_check_for_divergence_but_write_nothing():
     rp = make(capacity=8, alpha=0.0, eps=1e-6)
-    rp.add(rows(8)); rp.flush()
+    rp.add(rows(8))
+    rp.flush()
     before = rp.priority.copy()
     _, idx, stamps = rp.sample(4, 2)
     w = dqn.PriorityWriter(rp, write=False)

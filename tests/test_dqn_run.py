@@ -16,9 +16,25 @@ dqn = load_script("dqn_prioritized")
 SCRIPT = os.path.join(ROOT, "algos", "dqn_prioritized.py")
 
 # Small and fast: a few thousand steps of CartPole.
-FAST = ["--hidden-sizes", "32", "32", "--learning-starts", "200", "--batch-size", "32",
-        "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
-        "--eval-every", "1000", "--log-every", "500"]
+FAST = [
+    "--hidden-sizes",
+    "32",
+    "32",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "5000",
+    "--updates-per-call",
+    "4",
+    "--eval-episodes",
+    "2",
+    "--eval-every",
+    "1000",
+    "--log-every",
+    "500",
+]
 
 
 def run_cli(argv):
@@ -79,9 +95,15 @@ def test_eval_only_loads_model(tmp_path, capsys):
 
 def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
     run_dir = str(tmp_path / "run")
-    proc = subprocess.Popen([sys.executable, SCRIPT] + FAST + ["--total-timesteps", "1000000",
-                            "--checkpoint-every", "0", "--run-dir", run_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT]
+        + FAST
+        + ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(tmp_path),
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not os.path.exists(os.path.join(run_dir, "eval.csv")):
         time.sleep(0.2)
@@ -97,6 +119,7 @@ def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
 
 # --- bad input: one clear line, non-zero exit, no traceback ------------------------------------
 
+
 class MatrixEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (3, 3), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -111,20 +134,23 @@ class MatrixEnv(gym.Env):
 gym.register("TestMatrixObs-v0", entry_point=MatrixEnv)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--env-id", "Pendulum-v1"], "Discrete actions"),
-    (["--env-id", "NoSuchEnv-v9"], "cannot make env"),
-    (["--env-id", "TestMatrixObs-v0"], "flat vectors or uint8 images"),
-    (["--max-episode-frames", "0"], "--max-episode-frames must be positive"),
-    (["--preset", "atari", "--adam-eps", "-1"], "--adam-eps must be positive"),
-    (["--batch-size", "512", "--buffer-size", "256"], "larger than --buffer-size"),
-    (["--buffer-size", "0"], "--buffer-size must be positive"),
-    (["--num-envs", "-1"], "--num-envs must be positive"),
-    (["--gamma", "1.5"], "--gamma must be in"),
-    (["--resume", "/nonexistent/run"], "no args.json"),
-    (["--eval-only", "--load", "/nonexistent/model.npz"], "no such file"),
-    (["--eval-only"], "needs --load"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--env-id", "Pendulum-v1"], "Discrete actions"),
+        (["--env-id", "NoSuchEnv-v9"], "cannot make env"),
+        (["--env-id", "TestMatrixObs-v0"], "flat vectors or uint8 images"),
+        (["--max-episode-frames", "0"], "--max-episode-frames must be positive"),
+        (["--preset", "atari", "--adam-eps", "-1"], "--adam-eps must be positive"),
+        (["--batch-size", "512", "--buffer-size", "256"], "larger than --buffer-size"),
+        (["--buffer-size", "0"], "--buffer-size must be positive"),
+        (["--num-envs", "-1"], "--num-envs must be positive"),
+        (["--gamma", "1.5"], "--gamma must be in"),
+        (["--resume", "/nonexistent/run"], "no args.json"),
+        (["--eval-only", "--load", "/nonexistent/model.npz"], "no such file"),
+        (["--eval-only"], "needs --load"),
+    ],
+)
 def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -132,8 +158,9 @@ def test_bad_input_is_one_clear_line(argv, message, capsys):
 
 
 def test_bad_input_from_the_command_line_has_no_traceback():
-    out = subprocess.run([sys.executable, SCRIPT, "--env-id", "MountainCarContinuous-v0"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--env-id", "MountainCarContinuous-v0"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "Discrete actions" in out.stderr
 
@@ -141,9 +168,11 @@ def test_bad_input_from_the_command_line_has_no_traceback():
 def test_xla_flags_set_by_the_script_are_real_flags():
     """XLA reads only --xla_* flags; a bare `intra_op_parallelism_threads=1` (there before issue 12)
     was silently ignored."""
-    code = ("import os, sys; os.environ.pop('XLA_FLAGS', None); sys.path.insert(0, %r); "
-            "from helpers import load_script; load_script('dqn_prioritized'); print(os.environ['XLA_FLAGS'])"
-            % os.path.join(ROOT, "tests"))
+    code = (
+        "import os, sys; os.environ.pop('XLA_FLAGS', None); sys.path.insert(0, %r); "
+        "from helpers import load_script; load_script('dqn_prioritized'); print(os.environ['XLA_FLAGS'])"
+        % os.path.join(ROOT, "tests")
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     tokens = out.stdout.split()
     assert tokens and all(t.startswith("--xla_") for t in tokens), out.stdout + out.stderr

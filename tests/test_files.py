@@ -14,13 +14,58 @@ from helpers import ROOT, load_script
 dqn, sac, bc = (load_script(n) for n in ("dqn_prioritized", "sac", "bc_offline"))
 MODULES = {"dqn": dqn, "sac": sac, "bc": bc}
 RUNS = {
-    "dqn": ["--hidden-sizes", "16", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "1000",
-            "--updates-per-call", "4", "--eval-episodes", "1", "--eval-every", "10000", "--total-timesteps", "300"],
-    "sac": ["--hidden-sizes", "16", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "1000",
-            "--updates-per-call", "4", "--eval-episodes", "1", "--eval-every", "10000", "--total-timesteps", "300"],
-    "bc": ["--hidden-sizes", "16", "--batch-size", "16", "--updates-per-call", "10", "--eval-episodes", "1",
-           "--eval-every", "10000", "--total-updates", "50",
-           "--dataset", os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")],
+    "dqn": [
+        "--hidden-sizes",
+        "16",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "1000",
+        "--updates-per-call",
+        "4",
+        "--eval-episodes",
+        "1",
+        "--eval-every",
+        "10000",
+        "--total-timesteps",
+        "300",
+    ],
+    "sac": [
+        "--hidden-sizes",
+        "16",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "1000",
+        "--updates-per-call",
+        "4",
+        "--eval-episodes",
+        "1",
+        "--eval-every",
+        "10000",
+        "--total-timesteps",
+        "300",
+    ],
+    "bc": [
+        "--hidden-sizes",
+        "16",
+        "--batch-size",
+        "16",
+        "--updates-per-call",
+        "10",
+        "--eval-episodes",
+        "1",
+        "--eval-every",
+        "10000",
+        "--total-updates",
+        "50",
+        "--dataset",
+        os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5"),
+    ],
 }
 
 
@@ -77,6 +122,7 @@ def refused(module, argv, capsys, *words):
 
 
 # --- what a hostile or damaged file can be --------------------------------------------------
+
 
 def _pickle_protocol_5(path, arrays, marker):
     with open(path, "wb") as f:
@@ -218,13 +264,16 @@ def test_hostile_args_json(script, runs, tmp_path, capsys):
     """--resume reads the run's flags from args.json: checked like any file from elsewhere."""
     flag = "--total-updates" if script == "bc" else "--total-timesteps"
     good = json.loads(open(os.path.join(runs[script], "args.json")).read())
-    for i, (text, word) in enumerate((
+    for i, (text, word) in enumerate(
+        (
             ("{not json", "not JSON"),
             (json.dumps([1, 2]), "not made by"),
             (json.dumps({**good, "script": "other"}), "not made by"),
             (json.dumps({**good, "args": {**good["args"], "batch_size": "64"}}), "batch_size"),
             (json.dumps({**good, "args": {**good["args"], "env_id": "os:system"}}), "module"),
-            (json.dumps({**good, "args": {**good["args"], "gamma": 7.0}}), "--gamma"))):
+            (json.dumps({**good, "args": {**good["args"], "gamma": 7.0}}), "--gamma"),
+        )
+    ):
         if script == "bc" and "gamma" in text:
             continue  # BC has no discount
         run_dir = copy_run(runs[script], tmp_path / f"run{i}")
@@ -246,9 +295,11 @@ def test_old_pkl_file_is_refused_with_how_to_convert(script, runs, tmp_path, cap
 def test_dqn_replay_with_bad_contents_is_refused(runs, tmp_path, capsys):
     """Replay arrays are checked too: priorities that would poison cpprb's sum tree, an insert
     position out of range, a column of the wrong width."""
-    for change, word in ((lambda a: a["replay/priority"].__setitem__(0, np.nan), "out of range"),
-                         (lambda a: a.__setitem__("replay/next_index", np.asarray(10**9)), "out of range"),
-                         (lambda a: a.__setitem__("replay/obs", a["replay/obs"][:, :3].copy()), "replay/obs")):
+    for change, word in (
+        (lambda a: a["replay/priority"].__setitem__(0, np.nan), "out of range"),
+        (lambda a: a.__setitem__("replay/next_index", np.asarray(10**9)), "out of range"),
+        (lambda a: a.__setitem__("replay/obs", a["replay/obs"][:, :3].copy()), "replay/obs"),
+    ):
         run_dir = copy_run(runs["dqn"], tmp_path / f"run{word}{len(os.listdir(tmp_path))}")
         target = os.path.join(run_dir, "checkpoint.npz")
         arrays = read(target)
@@ -285,13 +336,22 @@ def test_writer_and_reader_round_trip_a_train_state(script, tmp_path):
 
     module = MODULES[script]
     rng = np.random.default_rng(0)
-    params = {"params": {"Dense_0": {"kernel": rng.normal(size=(3, 5)).astype(np.float32),
-                                     "bias": rng.normal(size=5).astype(np.float32)}}}
+    params = {
+        "params": {
+            "Dense_0": {
+                "kernel": rng.normal(size=(3, 5)).astype(np.float32),
+                "bias": rng.normal(size=5).astype(np.float32),
+            }
+        }
+    }
     state = (params, optax.adam(1e-3).init(params), np.int32(7))
     state = jax.tree_util.tree_map(lambda x: np.asarray(x) + (1 if np.asarray(x).dtype.kind == "f" else 0), state)
     path = str(tmp_path / "checkpoint.npz")
-    module.save_npz_atomic(path, {"format": module.CHECKPOINT_FORMAT, "kind": "checkpoint", "x": [1, "a"]},
-                           module.tree_arrays("train_state/", state))
+    module.save_npz_atomic(
+        path,
+        {"format": module.CHECKPOINT_FORMAT, "kind": "checkpoint", "x": [1, "a"]},
+        module.tree_arrays("train_state/", state),
+    )
     meta, arrays = module.load_npz(path, "checkpoint")
     assert meta["x"] == [1, "a"]
     zeros = jax.tree_util.tree_map(np.zeros_like, state)
@@ -361,16 +421,26 @@ def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, c
     # The old scripts pickled dataclasses.asdict(args): tuples, not JSON's lists.
     old_args = module.dataclasses.asdict(module.args_from_json(meta["args"], "meta"))
     assert isinstance(old_args["hidden_sizes"], tuple)
-    old = {"format": f"{module.SCRIPT}/1", "args": old_args,
-           "params": [v for k, v in arrays.items() if k.startswith("params/")]}
+    old = {
+        "format": f"{module.SCRIPT}/1",
+        "args": old_args,
+        "params": [v for k, v in arrays.items() if k.startswith("params/")],
+    }
     if script == "bc":
-        old.update({k: meta[k] for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")},
-                   obs_mean=arrays["obs_mean"], obs_std=arrays["obs_std"])
+        old.update(
+            {k: meta[k] for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")},
+            obs_mean=arrays["obs_mean"],
+            obs_std=arrays["obs_std"],
+        )
     path = tmp_path / "model.pkl"
     with open(path, "wb") as f:
         pickle.dump(old, f)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "convert_pkl.py"), str(path)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "convert_pkl.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     _, converted = module.load_npz(str(tmp_path / "model.npz"), "model")
     assert set(converted) == set(arrays)

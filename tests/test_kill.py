@@ -16,23 +16,96 @@ from helpers import ROOT, load_script
 
 MODULES = {name: load_script(name) for name in ("dqn_prioritized", "sac", "bc_offline")}
 EVERY = 250  # env steps (DQN, SAC) or updates (BC) between checkpoints
-SMALL = ["--hidden-sizes", "32", "32", "--batch-size", "32", "--eval-episodes", "1", "--log-every", "500",
-         "--checkpoint-every", str(EVERY)]
+SMALL = [
+    "--hidden-sizes",
+    "32",
+    "32",
+    "--batch-size",
+    "32",
+    "--eval-episodes",
+    "1",
+    "--log-every",
+    "500",
+    "--checkpoint-every",
+    str(EVERY),
+]
 # script: (flags, total, learning_starts, train_frequency, K, n_step)
 CONFIGS = {
-    "dqn_prioritized": (SMALL + ["--learning-starts", "200", "--buffer-size", "50000", "--updates-per-call", "4",
-                                 "--train-frequency", "2", "--n-step", "3", "--eval-every", "1000",
-                                 "--total-timesteps", "20000"], 20_000, 200, 2, 4, 3),
-    "sac": (SMALL + ["--learning-starts", "200", "--buffer-size", "50000", "--updates-per-call", "4",
-                     "--n-step", "2", "--eval-every", "1000", "--total-timesteps", "6000"], 6_000, 200, 1, 4, 2),
-    "bc_offline": (SMALL + ["--updates-per-call", "10", "--eval-every", "1000", "--total-updates", "12000",
-                            "--dataset", os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")], 12_000, 0, 1, 10, 1),
+    "dqn_prioritized": (
+        SMALL
+        + [
+            "--learning-starts",
+            "200",
+            "--buffer-size",
+            "50000",
+            "--updates-per-call",
+            "4",
+            "--train-frequency",
+            "2",
+            "--n-step",
+            "3",
+            "--eval-every",
+            "1000",
+            "--total-timesteps",
+            "20000",
+        ],
+        20_000,
+        200,
+        2,
+        4,
+        3,
+    ),
+    "sac": (
+        SMALL
+        + [
+            "--learning-starts",
+            "200",
+            "--buffer-size",
+            "50000",
+            "--updates-per-call",
+            "4",
+            "--n-step",
+            "2",
+            "--eval-every",
+            "1000",
+            "--total-timesteps",
+            "6000",
+        ],
+        6_000,
+        200,
+        1,
+        4,
+        2,
+    ),
+    "bc_offline": (
+        SMALL
+        + [
+            "--updates-per-call",
+            "10",
+            "--eval-every",
+            "1000",
+            "--total-updates",
+            "12000",
+            "--dataset",
+            os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5"),
+        ],
+        12_000,
+        0,
+        1,
+        10,
+        1,
+    ),
 }
 
 
 def start(script, argv, cwd):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "algos", f"{script}.py")] + argv,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "algos", f"{script}.py")] + argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
 
 
 def temp_files(run_dir):
@@ -131,5 +204,15 @@ if __name__ == "__main__":
         for r in range(rounds):
             with tempfile.TemporaryDirectory() as tmp:
                 landed += kill_and_resume(script, pathlib.Path(tmp), seed=1000 + r, kills=5)[0]
-        print(json.dumps({"script": script, "runs": rounds, "kills": 5 * rounds, "during_a_write": landed,
-                          "resumed_and_finished": rounds}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "script": script,
+                    "runs": rounds,
+                    "kills": 5 * rounds,
+                    "during_a_write": landed,
+                    "resumed_and_finished": rounds,
+                }
+            ),
+            flush=True,
+        )

@@ -29,7 +29,9 @@ def test_sac_default_run_reaches_pendulum_threshold(tmp_path):
     assert result["eval_mean"] >= -200, result
 
 
-@pytest.mark.parametrize("name", ["pendulum-sac-expert.hdf5", "cartpole-dqn-expert.hdf5", "halfcheetah-sac-medium.hdf5"])
+@pytest.mark.parametrize(
+    "name", ["pendulum-sac-expert.hdf5", "cartpole-dqn-expert.hdf5", "halfcheetah-sac-medium.hdf5"]
+)
 def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     """The default run, then 20 evaluation episodes of the saved model: the median episode must
     score >= 90% of the data's mean (normalised). The median, not the mean: BC from the 10-episode
@@ -46,8 +48,9 @@ def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     data_score = 100 * (meta["mean_return"] - lo) / (hi - lo)
     args = bc.Args(dataset=[path], seed=1, run_dir=str(tmp_path / "bc"))
     result = bc.main(dataclasses.replace(args, eval_every=args.total_updates))  # no evaluations midway
-    returns = bc.run_eval_only(bc.Args(eval_only=True, load=os.path.join(result["run_dir"], "model.npz"),
-                                       eval_episodes=20))
+    returns = bc.run_eval_only(
+        bc.Args(eval_only=True, load=os.path.join(result["run_dir"], "model.npz"), eval_episodes=20)
+    )
     scores = 100 * (returns - lo) / (hi - lo)
     assert len(scores) == 20 and np.median(scores) >= 0.9 * data_score, (np.round(scores, 1), data_score)
 
@@ -70,7 +73,7 @@ class MotionEnv(gym.Env):
 
     def _obs(self):
         obs = np.zeros((84, 84), np.uint8)
-        obs[self.y:self.y + 6, self.x:self.x + 6] = 255
+        obs[self.y : self.y + 6, self.x : self.x + 6] = 255
         return obs
 
     def step(self, action):
@@ -87,10 +90,26 @@ def test_dqn_pixels_learn_a_task_that_needs_the_frame_stack(tmp_path):
     """The CNN, the frame store and the stacks decoded from it, end to end: 2,500 steps must beat
     anything a single frame allows (5) by a wide margin."""
     dqn = load_script("dqn_prioritized")
-    args = dqn.Args(env_id="TestMotion-v0", seed=1, total_timesteps=2_500, learning_starts=500,
-                    buffer_size=5_000, batch_size=16, train_frequency=1, learning_rate=5e-4,
-                    anneal_lr=False, gamma=0.5, n_step=1, target_network_frequency=100,
-                    hidden_sizes=(64,), updates_per_call=8, exploration_fraction=0.3,
-                    eval_every=500, checkpoint_every=0, log_every=500, run_dir=str(tmp_path / "motion"))
+    args = dqn.Args(
+        env_id="TestMotion-v0",
+        seed=1,
+        total_timesteps=2_500,
+        learning_starts=500,
+        buffer_size=5_000,
+        batch_size=16,
+        train_frequency=1,
+        learning_rate=5e-4,
+        anneal_lr=False,
+        gamma=0.5,
+        n_step=1,
+        target_network_frequency=100,
+        hidden_sizes=(64,),
+        updates_per_call=8,
+        exploration_fraction=0.3,
+        eval_every=500,
+        checkpoint_every=0,
+        log_every=500,
+        run_dir=str(tmp_path / "motion"),
+    )
     result = dqn.main(args)
     assert result["eval_mean"] >= 8.5, result

@@ -16,8 +16,21 @@ from helpers import load_script
 
 minari = pytest.importorskip("minari")  # requirements.txt: minari[hdf5] (tests only)
 bc = load_script("bc_offline")
-FAST = ["--hidden-sizes", "32", "32", "--batch-size", "64", "--updates-per-call", "10",
-        "--eval-episodes", "2", "--eval-every", "100", "--log-every", "100"]
+FAST = [
+    "--hidden-sizes",
+    "32",
+    "32",
+    "--batch-size",
+    "64",
+    "--updates-per-call",
+    "10",
+    "--eval-episodes",
+    "2",
+    "--eval-every",
+    "100",
+    "--log-every",
+    "100",
+]
 FIELDS = ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts")
 
 
@@ -66,8 +79,10 @@ def check_rows(ds, rows):
     # The reader keeps T observations of an episode's T+1 (BC needs no next observation): the
     # next observation of every row inside a trajectory is the following row's observation.
     inside = ~(rows["terminals"] | rows["timeouts"])
-    np.testing.assert_array_equal(ds.observations[1:][inside[:-1]],
-                                  rows["next_observations"][:-1][inside[:-1]].reshape(-1, ds.observations.shape[1]))
+    np.testing.assert_array_equal(
+        ds.observations[1:][inside[:-1]],
+        rows["next_observations"][:-1][inside[:-1]].reshape(-1, ds.observations.shape[1]),
+    )
 
 
 def check_against_minari(folder_id, rows):
@@ -88,8 +103,15 @@ def test_discrete_cartpole_with_terminations_and_truncations(tmp_path):
     # Collected on CartPole-v0 with CartPole-v1 as Minari's eval_env: the eval env wins, as in
     # minari's recover_environment(eval_env=True), since the ref scores are measured there.
     env = gym.make("CartPole-v0", max_episode_steps=15)
-    folder, rows = collect(env, "test/cartpole-random-v0", [100] * 12, seed=3, eval_env="CartPole-v1",
-                           ref_min_score=9.0, ref_max_score=500.0)
+    folder, rows = collect(
+        env,
+        "test/cartpole-random-v0",
+        [100] * 12,
+        seed=3,
+        eval_env="CartPole-v1",
+        ref_min_score=9.0,
+        ref_max_score=500.0,
+    )
     assert os.path.isfile(os.path.join(folder, "data", "metadata.json"))  # minari's real layout
     assert rows["terminals"].sum() >= 2 and rows["timeouts"].sum() >= 2, "need both kinds of ending"
     check_against_minari("test/cartpole-random-v0", rows)
@@ -106,8 +128,9 @@ def test_box_pendulum_truncations_and_an_unfinished_last_episode(tmp_path):
     env = gym.make("Pendulum-v1", max_episode_steps=20)
     # Pendulum never terminates: three 20-step truncated episodes, then one left after 7 steps,
     # which minari marks truncated when the dataset is written.
-    folder, rows = collect(env, "test/pendulum-random-v0", [100, 100, 100, 7], seed=5,
-                           ref_min_score=-1200.0, ref_max_score=-150.0)
+    folder, rows = collect(
+        env, "test/pendulum-random-v0", [100, 100, 100, 7], seed=5, ref_min_score=-1200.0, ref_max_score=-150.0
+    )
     assert rows["timeouts"].sum() == 3 and not rows["terminals"].any()
     rows["timeouts"][-1] = True
     check_against_minari("test/pendulum-random-v0", rows)
@@ -116,13 +139,20 @@ def test_box_pendulum_truncations_and_an_unfinished_last_episode(tmp_path):
     assert ds.actions.dtype == np.float32 and ds.actions.shape == (67, 1)
     assert ds.metadata["env_id"] == "Pendulum-v1"
     assert ds.metadata["ref_min_score"] == -1200.0 and ds.metadata["ref_max_score"] == -150.0
-    np.testing.assert_array_equal(bc.trajectory_bounds(ds.terminals, ds.timeouts),
-                                  [[0, 20], [20, 40], [40, 60], [60, 67]])
+    np.testing.assert_array_equal(
+        bc.trajectory_bounds(ds.terminals, ds.timeouts), [[0, 20], [20, 40], [40, 60], [60, 67]]
+    )
 
 
 def test_run_takes_the_env_id_and_reference_scores_from_minari(tmp_path, capsys, monkeypatch):
-    folder, _ = collect(gym.make("Pendulum-v1", max_episode_steps=50), "test/pendulum-run-v0", [100] * 4,
-                        seed=7, ref_min_score=-1500.0, ref_max_score=-100.0)
+    folder, _ = collect(
+        gym.make("Pendulum-v1", max_episode_steps=50),
+        "test/pendulum-run-v0",
+        [100] * 4,
+        seed=7,
+        ref_min_score=-1500.0,
+        ref_max_score=-100.0,
+    )
     monkeypatch.chdir(tmp_path)  # the default run folder, runs/<env_id>__..., lands here
     assert bc.cli(FAST + ["--dataset", folder, "--total-updates", "100"]) == 0
     out = capsys.readouterr().out
@@ -156,8 +186,7 @@ class TupleObs(gym.ObservationWrapper):
 @pytest.mark.parametrize("wrapper,kind", [(DictObs, "Dict"), (TupleObs, "Tuple")])
 @pytest.mark.parametrize("without_metadata", [False, True])
 def test_dict_and_tuple_observations_are_refused_clearly(tmp_path, capsys, wrapper, kind, without_metadata):
-    folder, _ = collect(wrapper(gym.make("Pendulum-v1", max_episode_steps=5)), f"test/{kind.lower()}-v0",
-                        [100], seed=0)
+    folder, _ = collect(wrapper(gym.make("Pendulum-v1", max_episode_steps=5)), f"test/{kind.lower()}-v0", [100], seed=0)
     if without_metadata:  # the episode groups alone still give it away
         os.remove(os.path.join(folder, "data", "metadata.json"))
         kind = "Dict or Tuple"
@@ -170,32 +199,43 @@ def _edit_episode(name, key, make):
     def edit(f, meta):
         del f[name][key]
         f[name].create_dataset(key, data=make(f))
+
     return edit
 
 
 HOSTILE = {
-    "short_observations": (_edit_episode("episode_1", "observations", lambda f: np.zeros((5, 3), np.float32)),
-                           "episode_1: 5 observations for 5 actions (needs T+1)"),
-    "rewards_2d": (_edit_episode("episode_0", "rewards", lambda f: np.zeros((5, 2))),
-                   "episode_0: rewards of shape (5, 2), expected (5,)"),
-    "flags_not_boolean": (_edit_episode("episode_0", "terminations", lambda f: np.full(5, 0.5)),
-                          "episode_0: terminations are not booleans"),
-    "text_observations": (_edit_episode("episode_0", "observations", lambda f: np.array(["a"] * 6, dtype=object)),
-                          "episode_0: observations are not numbers"),
-    "narrower_observations": (_edit_episode("episode_1", "observations", lambda f: np.zeros((6, 2), np.float32)),
-                              "episode_1: observations of shape (2,), episode_0's are (3,)"),
-    "integer_actions": (_edit_episode("episode_1", "actions", lambda f: np.zeros((5, 1), np.int64)),
-                        "episode_1: actions int64 of shape (1,), episode_0's are float32 of shape (1,)"),
-    "stray_member": (lambda f, meta: f.create_dataset("notes", data=np.zeros(3)),
-                     "'notes' is not an episode group"),
-    "missing_rewards": (lambda f, meta: f["episode_0"].__delitem__("rewards"),
-                        "episode_0 is missing rewards"),
-    "episode_count": (lambda f, meta: meta.update(total_episodes=5),
-                      "metadata.json says 5 episodes, main_data.hdf5 holds 2"),
-    "arrow": (lambda f, meta: meta.update(data_format="arrow"),
-              "data_format 'arrow'"),
-    "ref_score_text": (lambda f, meta: meta.update(ref_max_score="high"),
-                       "ref_max_score must be a number"),
+    "short_observations": (
+        _edit_episode("episode_1", "observations", lambda f: np.zeros((5, 3), np.float32)),
+        "episode_1: 5 observations for 5 actions (needs T+1)",
+    ),
+    "rewards_2d": (
+        _edit_episode("episode_0", "rewards", lambda f: np.zeros((5, 2))),
+        "episode_0: rewards of shape (5, 2), expected (5,)",
+    ),
+    "flags_not_boolean": (
+        _edit_episode("episode_0", "terminations", lambda f: np.full(5, 0.5)),
+        "episode_0: terminations are not booleans",
+    ),
+    "text_observations": (
+        _edit_episode("episode_0", "observations", lambda f: np.array(["a"] * 6, dtype=object)),
+        "episode_0: observations are not numbers",
+    ),
+    "narrower_observations": (
+        _edit_episode("episode_1", "observations", lambda f: np.zeros((6, 2), np.float32)),
+        "episode_1: observations of shape (2,), episode_0's are (3,)",
+    ),
+    "integer_actions": (
+        _edit_episode("episode_1", "actions", lambda f: np.zeros((5, 1), np.int64)),
+        "episode_1: actions int64 of shape (1,), episode_0's are float32 of shape (1,)",
+    ),
+    "stray_member": (lambda f, meta: f.create_dataset("notes", data=np.zeros(3)), "'notes' is not an episode group"),
+    "missing_rewards": (lambda f, meta: f["episode_0"].__delitem__("rewards"), "episode_0 is missing rewards"),
+    "episode_count": (
+        lambda f, meta: meta.update(total_episodes=5),
+        "metadata.json says 5 episodes, main_data.hdf5 holds 2",
+    ),
+    "arrow": (lambda f, meta: meta.update(data_format="arrow"), "data_format 'arrow'"),
+    "ref_score_text": (lambda f, meta: meta.update(ref_max_score="high"), "ref_max_score must be a number"),
 }
 
 

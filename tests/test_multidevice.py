@@ -24,11 +24,17 @@ RTOL, ATOL = 1e-5, 1e-9
 
 def worker(*argv) -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "multidevice_worker.py"), *argv],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "multidevice_worker.py"), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("REPORT "):])
+    return json.loads(lines[-1][len("REPORT ") :])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

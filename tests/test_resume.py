@@ -31,10 +31,10 @@ def test_flag_set_back_to_its_default_is_taken(script, tmp_path):
     default = module.Args().batch_size
     run = fake_run(tmp_path, module, batch_size=default // 2, seed=7)
     args = resumed(module, ["--resume", run, "--batch-size", str(default)])
-    assert args.batch_size == default          # typed, though equal to the default
-    assert args.seed == 7                      # not typed: the run's own
+    assert args.batch_size == default  # typed, though equal to the default
+    assert args.seed == 7  # not typed: the run's own
     args = resumed(module, ["--resume", run])
-    assert args.batch_size == default // 2     # nothing typed: the run's own
+    assert args.batch_size == default // 2  # nothing typed: the run's own
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -47,8 +47,11 @@ def test_bool_flag_typed_as_no_flag(script, tmp_path):
 
 
 def test_preset_does_not_overwrite_the_runs_own_flags(tmp_path):
-    run = fake_run(tmp_path, dqn, **{**dqn.ATARI_PRESET, "preset": "atari", "env_id": "ALE/Pong-v5",
-                                     "learning_rate": 1e-4, "batch_size": 64})
+    run = fake_run(
+        tmp_path,
+        dqn,
+        **{**dqn.ATARI_PRESET, "preset": "atari", "env_id": "ALE/Pong-v5", "learning_rate": 1e-4, "batch_size": 64},
+    )
     args = resumed(dqn, ["--preset", "atari", "--resume", run])
     assert args.learning_rate == 1e-4 and args.batch_size == 64 and args.env_id == "ALE/Pong-v5"
     args = resumed(dqn, ["--preset", "atari", "--resume", run, "--batch-size", "32"])
@@ -62,8 +65,24 @@ def test_code_that_builds_args_keeps_the_differs_from_default_rule(tmp_path):
     assert args.total_timesteps == 123_456 and args.batch_size == 64
 
 
-FAST = ["--hidden-sizes", "16", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "5000",
-        "--updates-per-call", "4", "--train-frequency", "2", "--eval-episodes", "1", "--eval-every", "100000"]
+FAST = [
+    "--hidden-sizes",
+    "16",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "5000",
+    "--updates-per-call",
+    "4",
+    "--train-frequency",
+    "2",
+    "--eval-episodes",
+    "1",
+    "--eval-every",
+    "100000",
+]
 
 
 def test_dqn_resume_without_replay_waits_for_learning_starts(tmp_path, capsys):
@@ -84,8 +103,22 @@ def test_dqn_resume_without_replay_waits_for_learning_starts(tmp_path, capsys):
 
 def test_sac_resume_without_replay_waits_for_learning_starts(tmp_path):
     run_dir = str(tmp_path / "run")
-    fast = ["--hidden-sizes", "16", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "2000",
-            "--updates-per-call", "4", "--eval-episodes", "1", "--eval-every", "100000"]
+    fast = [
+        "--hidden-sizes",
+        "16",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "2000",
+        "--updates-per-call",
+        "4",
+        "--eval-episodes",
+        "1",
+        "--eval-every",
+        "100000",
+    ]
     assert sac.cli(fast + ["--total-timesteps", "403", "--no-checkpoint-replay", "--run-dir", run_dir]) == 0
     _, arrays = sac.load_npz(run_dir, "checkpoint")
     assert int(arrays["train_state/sgd_steps"]) == 300  # 303 due, 3 pending
@@ -98,8 +131,20 @@ def test_bc_runs_every_update_asked_for(tmp_path):
     """--total-updates not a multiple of --updates-per-call: the last call is shorter (before:
     the remainder was dropped, and a total below K ran no update at all)."""
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
-    fast = ["--dataset", data, "--hidden-sizes", "16", "--batch-size", "16", "--updates-per-call", "10",
-            "--eval-episodes", "1", "--eval-every", "100000"]
+    fast = [
+        "--dataset",
+        data,
+        "--hidden-sizes",
+        "16",
+        "--batch-size",
+        "16",
+        "--updates-per-call",
+        "10",
+        "--eval-episodes",
+        "1",
+        "--eval-every",
+        "100000",
+    ]
     for total in (7, 23):
         run_dir = str(tmp_path / f"run{total}")
         result = bc.main(bc.tyro.cli(bc.Args, args=fast + ["--total-updates", str(total), "--run-dir", run_dir]))
@@ -119,9 +164,32 @@ def test_bc_first_prefetched_batches_use_the_scheduled_beta(tmp_path, monkeypatc
 
     monkeypatch.setattr(bc.PrioritizedDataset, "sample", spy)
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
-    assert bc.cli(["--dataset", data, "--hidden-sizes", "16", "--batch-size", "16", "--updates-per-call", "10",
-                   "--total-updates", "20", "--prioritized", "--per-beta0", "0.9", "--eval-episodes", "1",
-                   "--eval-every", "100000", "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        bc.cli(
+            [
+                "--dataset",
+                data,
+                "--hidden-sizes",
+                "16",
+                "--batch-size",
+                "16",
+                "--updates-per-call",
+                "10",
+                "--total-updates",
+                "20",
+                "--prioritized",
+                "--per-beta0",
+                "0.9",
+                "--eval-episodes",
+                "1",
+                "--eval-every",
+                "100000",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     assert seen and min(seen) >= 0.9
 
 

@@ -13,9 +13,25 @@ from helpers import ROOT, import_in_fresh_process, load_script
 
 sac = load_script("sac")
 SCRIPT = os.path.join(ROOT, "algos", "sac.py")
-FAST = ["--hidden-sizes", "32", "32", "--learning-starts", "256", "--batch-size", "64",
-        "--buffer-size", "5000", "--updates-per-call", "4", "--eval-episodes", "2",
-        "--eval-every", "500", "--log-every", "250"]
+FAST = [
+    "--hidden-sizes",
+    "32",
+    "32",
+    "--learning-starts",
+    "256",
+    "--batch-size",
+    "64",
+    "--buffer-size",
+    "5000",
+    "--updates-per-call",
+    "4",
+    "--eval-episodes",
+    "2",
+    "--eval-every",
+    "500",
+    "--log-every",
+    "250",
+]
 
 
 def test_tanh_gaussian_log_prob_matches_numerical_density():
@@ -30,11 +46,11 @@ def test_tanh_gaussian_log_prob_matches_numerical_density():
     # Exact density of a = tanh(u): N(atanh(a); mu, sigma) / (1 - a^2).
     sigma = np.exp(-0.2)
     u = np.arctanh(centres)
-    exact = np.exp(-0.5 * ((u - 0.3) / sigma) ** 2) / (sigma * np.sqrt(2 * np.pi)) / (1 - centres ** 2)
+    exact = np.exp(-0.5 * ((u - 0.3) / sigma) ** 2) / (sigma * np.sqrt(2 * np.pi)) / (1 - centres**2)
     np.testing.assert_allclose(empirical, exact, rtol=0.08, atol=0.01)
     # And the returned log-probs equal the log of that exact density at the sample.
     u_s = np.arctanh(np.clip(a[:1000], -0.999999, 0.999999))
-    ref = (-0.5 * ((u_s - 0.3) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a[:1000] ** 2))
+    ref = -0.5 * ((u_s - 0.3) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)) - np.log(1 - a[:1000] ** 2)
     np.testing.assert_allclose(logp[:1000], ref, rtol=1e-3, atol=1e-3)
 
 
@@ -48,18 +64,23 @@ def setup_nets(action_dim=2, obs_dim=3, **kw):
     nets = sac.make_nets(args, action_dim)
     state = sac.init_train_state(nets, args, obs_dim, action_dim, jax.random.PRNGKey(0))
     # Distinct target critics, so the test can tell which network is used where.
-    state = state._replace(target_critic_params=nets.critic.init(jax.random.PRNGKey(7), jnp.zeros((1, obs_dim)),
-                                                                 jnp.zeros((1, action_dim))))
+    state = state._replace(
+        target_critic_params=nets.critic.init(
+            jax.random.PRNGKey(7), jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
+        )
+    )
     return args, nets, state
 
 
 def random_batch(rng, b=32, obs_dim=3, action_dim=2):
-    return {"obs": rng.normal(size=(b, obs_dim)).astype(np.float32),
-            "next_obs": rng.normal(size=(b, obs_dim)).astype(np.float32),
-            "action": rng.uniform(-1, 1, (b, action_dim)).astype(np.float32),
-            "reward": rng.normal(size=b).astype(np.float32),
-            "discount": (rng.random(b) < 0.8).astype(np.float32) * 0.99,
-            "weights": rng.random(b).astype(np.float32)}
+    return {
+        "obs": rng.normal(size=(b, obs_dim)).astype(np.float32),
+        "next_obs": rng.normal(size=(b, obs_dim)).astype(np.float32),
+        "action": rng.uniform(-1, 1, (b, action_dim)).astype(np.float32),
+        "reward": rng.normal(size=b).astype(np.float32),
+        "discount": (rng.random(b) < 0.8).astype(np.float32) * 0.99,
+        "weights": rng.random(b).astype(np.float32),
+    }
 
 
 @pytest.mark.parametrize("delta", [1e6, 0.5])
@@ -77,7 +98,7 @@ def test_critic_loss_matches_numpy_reference(delta):
     y = b["reward"] + b["discount"] * (q_next.min(0) - 0.3 * np.asarray(logp2))
     ref_td = q - y
     a = np.abs(ref_td)
-    hub = np.where(a <= delta, 0.5 * ref_td ** 2, delta * (a - 0.5 * delta))
+    hub = np.where(a <= delta, 0.5 * ref_td**2, delta * (a - 0.5 * delta))
     ref = np.mean(b["weights"] * hub.sum(0))
     np.testing.assert_allclose(np.asarray(td), ref_td, rtol=1e-4, atol=1e-4)
     assert float(loss) == pytest.approx(ref, rel=1e-4)
@@ -91,8 +112,9 @@ def test_actor_loss_and_alpha_loss_match_reference():
     obs = np.random.default_rng(1).normal(size=(16, 3)).astype(np.float32)
     key = jax.random.PRNGKey(4)
     log_alpha = jnp.log(jnp.float32(0.5))
-    total, (actor_l, alpha_l, entropy) = sac.actor_alpha_loss(nets, state.actor_params, log_alpha,
-                                                              state.critic_params, obs, key, -2.0)
+    total, (actor_l, alpha_l, entropy) = sac.actor_alpha_loss(
+        nets, state.actor_params, log_alpha, state.critic_params, obs, key, -2.0
+    )
     mean, log_std = nets.actor.apply(state.actor_params, obs)
     a, logp = sac.sample_tanh_gaussian(mean, log_std, key)
     q = np.asarray(nets.critic.apply(state.critic_params, obs, a)).min(0)
@@ -105,8 +127,9 @@ def test_actor_loss_and_alpha_loss_match_reference():
 @pytest.mark.parametrize("entropy_high", [True, False])
 def test_temperature_moves_the_right_way(entropy_high):
     """Entropy above the target -> alpha falls; below -> alpha rises."""
-    args, nets, state = setup_nets(target_entropy_scale=(5.0 if entropy_high else -5.0),
-                                   updates_per_call=1, policy_frequency=1)
+    args, nets, state = setup_nets(
+        target_entropy_scale=(5.0 if entropy_high else -5.0), updates_per_call=1, policy_frequency=1
+    )
     update = sac.make_update(nets, args, 2)
     b = random_batch(np.random.default_rng(2))
     alpha0 = float(jnp.exp(state.log_alpha))
@@ -129,8 +152,10 @@ def test_no_autotune_keeps_alpha_and_delayed_actor_updates():
     for a, b in zip(jax.tree_util.tree_leaves(actor0), jax.tree_util.tree_leaves(state.actor_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     state, metrics, _ = update(state, batches, jax.random.PRNGKey(1))  # steps 3, 4: moves at 3
-    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 0
-               for a, b in zip(jax.tree_util.tree_leaves(actor0), jax.tree_util.tree_leaves(state.actor_params)))
+    assert any(
+        np.abs(np.asarray(a) - np.asarray(b)).max() > 0
+        for a, b in zip(jax.tree_util.tree_leaves(actor0), jax.tree_util.tree_leaves(state.actor_params))
+    )
 
 
 def test_target_critic_polyak_average():
@@ -139,9 +164,14 @@ def test_target_critic_polyak_average():
     old_target = jax.device_get(state.target_critic_params)
     b = random_batch(np.random.default_rng(4))
     new, _, _ = update(state, {k: v[None] for k, v in b.items()}, jax.random.PRNGKey(0))
-    for p, t_old, t_new in zip(jax.tree_util.tree_leaves(new.critic_params), jax.tree_util.tree_leaves(old_target),
-                               jax.tree_util.tree_leaves(new.target_critic_params)):
-        np.testing.assert_allclose(np.asarray(t_new), 0.1 * np.asarray(p) + 0.9 * np.asarray(t_old), rtol=1e-5, atol=1e-6)
+    for p, t_old, t_new in zip(
+        jax.tree_util.tree_leaves(new.critic_params),
+        jax.tree_util.tree_leaves(old_target),
+        jax.tree_util.tree_leaves(new.target_critic_params),
+    ):
+        np.testing.assert_allclose(
+            np.asarray(t_new), 0.1 * np.asarray(p) + 0.9 * np.asarray(t_old), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_action_rescaling_stays_in_asymmetric_bounds():
@@ -164,8 +194,9 @@ def test_nstep_with_vector_actions():
     obs = np.zeros((1, 3), np.float32)
     out = None
     for t in range(3):
-        out = asm.push(obs + t, np.full((1, 2), t, np.float32), np.array([1.0]), obs + t + 1,
-                       np.array([False]), np.array([False]))
+        out = asm.push(
+            obs + t, np.full((1, 2), t, np.float32), np.array([1.0]), obs + t + 1, np.array([False]), np.array([False])
+        )
     np.testing.assert_array_equal(out["action"], [[1.0, 1.0]])
     assert out["reward"][0] == pytest.approx(1.5) and out["discount"][0] == pytest.approx(0.25)
     np.testing.assert_array_equal(out["next_obs"], obs + 3)
@@ -186,14 +217,17 @@ def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     assert "over 2 episodes" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--env-id", "CartPole-v1"], "SAC needs a Box action space"),
-    (["--env-id", "NoSuchEnv-v3"], "cannot make env"),
-    (["--batch-size", "0"], "--batch-size must be positive"),
-    (["--tau", "2"], "--tau must be in"),
-    (["--resume", "/nonexistent"], "no args.json"),
-    (["--eval-only", "--load", "/nonexistent.npz"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--env-id", "CartPole-v1"], "SAC needs a Box action space"),
+        (["--env-id", "NoSuchEnv-v3"], "cannot make env"),
+        (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--tau", "2"], "--tau must be in"),
+        (["--resume", "/nonexistent"], "no args.json"),
+        (["--eval-only", "--load", "/nonexistent.npz"], "no such file"),
+    ],
+)
 def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert sac.cli(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -221,12 +255,15 @@ def test_unbounded_actions_are_rejected(capsys):
 def test_import_has_no_side_effects_and_cli_errors_have_no_traceback():
     out = import_in_fresh_process("sac")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
-    out = subprocess.run([sys.executable, SCRIPT, "--env-id", "Acrobot-v1"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--env-id", "Acrobot-v1"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr and "Box action space" in out.stderr
 
 
 def test_alpha_lr_sets_the_temperature_step_and_only_it():
     """Adam's first step moves a parameter by about its learning rate, whatever the gradient's size."""
+
     def first_steps(**kw):
         nets = sac.make_nets(sac.Args(**kw), 1)
         log_alpha = jnp.zeros(())
@@ -234,6 +271,7 @@ def test_alpha_lr_sets_the_temperature_step_and_only_it():
         actor_params = {"w": jnp.zeros(3)}
         actor_step, _ = nets.actor_tx.update({"w": jnp.ones(3)}, nets.actor_tx.init(actor_params), actor_params)
         return abs(float(alpha_step)), abs(float(actor_step["w"][0]))
+
     np.testing.assert_allclose(first_steps(policy_lr=3e-4, q_lr=1e-3), (1e-3, 3e-4), rtol=1e-3)  # default: q_lr
     np.testing.assert_allclose(first_steps(policy_lr=3e-4, alpha_lr=1e-2), (1e-2, 3e-4), rtol=1e-3)
 
@@ -243,6 +281,7 @@ def test_the_temperature_starts_at_alpha_init_or_stays_at_alpha():
         args = sac.Args(hidden_sizes=(8,), **kw)
         state = sac.init_train_state(sac.make_nets(args, 1), args, 3, 1, jax.random.PRNGKey(0))
         return float(jnp.exp(state.log_alpha))
+
     assert start() == pytest.approx(1.0)
     assert start(alpha_init=0.3) == pytest.approx(0.3)
     assert start(autotune=False, alpha=0.05) == pytest.approx(0.05)
