@@ -507,26 +507,13 @@ class PrioritizedReplay:
         buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
         indexes, their write counts) at the current beta.
 
-        With a FrameStore the frame numbers become pixels here, on the prefetch thread; a row
-        whose frames were overwritten is replaced by a fresh draw (counted in self.redrawn)."""
+        With a FrameStore the frame numbers become pixels here, on the prefetch thread
+        (FrameStore.decode; a row whose frames were overwritten is redrawn, counted in
+        self.redrawn)."""
         beta = self.beta  # one beta for the whole call, redraws included
         batch, indexes, stamps = self._sample_rows(batch_size, num_batches, beta)
         if self.frames is not None:
-            obs, obs_ok = self.frames.read(batch["obs"])
-            next_obs, next_ok = self.frames.read(batch["next_obs"])
-            bad = np.flatnonzero(~(obs_ok & next_ok))
-            while bad.size:
-                # Row by row: redrawing whole minibatches would rarely succeed once a few percent
-                # of rows are stale. A redrawn row's cpprb weight is relative to the smallest
-                # priority at its own draw, which a flush in between can change (not measured).
-                self.redrawn += bad.size
-                fresh, indexes[bad], stamps[bad] = self._sample_rows(bad.size, 1, beta)
-                for key, column in fresh.items():
-                    batch[key][bad] = column
-                obs[bad], obs_ok = self.frames.read(fresh["obs"])
-                next_obs[bad], next_ok = self.frames.read(fresh["next_obs"])
-                bad = bad[~(obs_ok & next_ok)]
-            batch["obs"], batch["next_obs"] = obs, next_obs
+            self.redrawn += self.frames.decode(batch, indexes, stamps, lambda rows: self._sample_rows(rows, 1, beta))
         if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
             weights = batch["weights"].reshape(num_batches, batch_size)
             batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
@@ -1089,6 +1076,28 @@ class FrameStore:
         pixels = self.frames[numbers % self.capacity]
         intact = numbers.min(axis=-1) >= self.written - self.capacity
         return pixels, intact
+
+    def decode(self, batch: dict, indexes: np.ndarray, stamps: np.ndarray, draw: Callable) -> int:
+        """Replace the frame numbers of batch["obs"] and batch["next_obs"] by their pixels, in
+        place. A row whose frames were overwritten since is replaced by a fresh row from
+        draw(rows) -> (rows, indexes, stamps), its slot and write count too, until every row is
+        intact. Returns the rows redrawn."""
+        obs, obs_ok = self.read(batch["obs"])
+        next_obs, next_ok = self.read(batch["next_obs"])
+        bad, redrawn = np.flatnonzero(~(obs_ok & next_ok)), 0
+        while bad.size:
+            # Row by row: redrawing whole minibatches would rarely succeed once a few percent of
+            # rows are stale. A redrawn row's cpprb weight is relative to the smallest priority at
+            # its own draw, which a flush in between can change (not measured).
+            redrawn += bad.size
+            fresh, indexes[bad], stamps[bad] = draw(bad.size)
+            for key, column in fresh.items():
+                batch[key][bad] = column
+            obs[bad], obs_ok = self.read(fresh["obs"])
+            next_obs[bad], next_ok = self.read(fresh["next_obs"])
+            bad = bad[~(obs_ok & next_ok)]
+        batch["obs"], batch["next_obs"] = obs, next_obs
+        return redrawn
 
     def state_dict(self) -> dict:
         return {
