@@ -180,7 +180,7 @@ class Args:
     ref_max_score: Optional[float] = None
     """return of an expert, for the normalised score; default: the dataset's metadata"""
     checkpoint_every: int = 10_000
-    """SGD steps between checkpoints (0 disables periodic checkpoints)"""
+    """SGD steps between checkpoints (0: none by steps; --checkpoint-minutes still applies)"""
     checkpoint_minutes: float = 30.0
     """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
     keep_checkpoints: int = 1
@@ -1198,7 +1198,9 @@ class Run:
         )
         os.makedirs(self.run_dir, exist_ok=True)
         for name in os.listdir(self.run_dir):
-            if ".tmp." in name:  # a write that a kill cut short; the file it was replacing is whole
+            # A write that a kill cut short (the file it was replacing is whole), and on a fresh
+            # start the kept checkpoints of an earlier run in this folder, which would mix with ours.
+            if ".tmp." in name or (not args.resume and re.fullmatch(r"checkpoint-\d+\.npz", name)):
                 os.remove(os.path.join(self.run_dir, name))
         write_atomic(
             os.path.join(self.run_dir, "args.json"),
@@ -1324,11 +1326,19 @@ class Run:
             self.checkpoint(state)
 
     def __enter__(self):
-        self.stop.__enter__()
+        try:
+            self.stop.__enter__()
+        except BaseException:  # e.g. signal handlers can only be set from the main thread
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc):
         self.stop.__exit__(*exc)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the threads and close the envs (the writer writes what was submitted first)."""
         self.console.end()
         if self.prefetcher is not None:
             self.prefetcher.close()
@@ -1504,10 +1514,10 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous:
     path = os.path.join(run_dir, "checkpoint.npz")
     if keep > 1 and previous is not None and previous != step and os.path.isfile(path):
         older = os.path.join(run_dir, f"checkpoint-{previous}.npz")
-        try:
-            os.link(path, older)
-        except FileExistsError:
-            pass
+        link = f"{older}.tmp.{os.getpid()}"
+        try:  # linked under a temp name, then renamed over any file of that name a crash left
+            os.link(path, link)
+            os.replace(link, older)
         except OSError:  # a file system without hard links: a copy, itself written atomically
             with open(path, "rb") as src:
                 write_atomic(older, lambda f: shutil.copyfileobj(src, f))

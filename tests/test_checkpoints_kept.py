@@ -116,3 +116,19 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
     assert len(steps) >= 2 and all(0 < s < budget for s in steps), steps
     for step in steps:
         assert step_of(script, tmp_path / f"checkpoint-{step}.npz") == step
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, tmp_path):
+    """A fresh run (no --resume) in a folder that holds another run's kept checkpoints starts
+    clean: its own kept files only, each of its own step; and each kept file evaluates."""
+    every = 50 if script == "bc_offline" else 100
+    run(script, tmp_path, 6 * every, checkpoint_every=every, keep_checkpoints=3)
+    assert kept(tmp_path) == [4 * every, 5 * every]
+    run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
+    assert kept(tmp_path) == [every, 2 * every]
+    for step in (every, 2 * every):
+        assert step_of(script, tmp_path / f"checkpoint-{step}.npz") == step
+    mod = MODULES[script]
+    flags = dict(eval_only=True, load=str(tmp_path / f"checkpoint-{every}.npz"), eval_episodes=1)
+    assert np.isfinite(mod.main(mod.Args(**flags), frozenset(flags))["eval_mean"])
