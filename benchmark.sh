@@ -158,7 +158,7 @@ stats = bc.obs_stats(ds.observations, args.normalize_obs)
 policy, optimizer = bc.Policy(out_dim, args.hidden_sizes, mode == "nll"), bc.make_optimizer(args)
 params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
 state = bc.TrainState(params, optimizer.init(params), jax.numpy.zeros((), jax.numpy.int32))
-update = bc.make_update(policy, mode, optimizer, stats)
+update = bc.make_update(policy, mode, optimizer, stats, bc.learner_shardings(args))
 replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)
 K, B, CALLS = args.updates_per_call, args.batch_size, 100
 def sample():
