@@ -18,12 +18,17 @@
 #             100k: 1M naive would need 56 GB), throughput of --preset atari on ALE/Pong-v5
 #             (30k steps, 20k of them learning) and updates/s with the prefetch thread on vs
 #             off (also on a GPU machine); one at a time; 2 repeats
+#   minatar   DQN-PER (3-step) with --preset minatar (the MinAtar paper's DQN) on MinAtar
+#             Breakout, SpaceInvaders and Freeway, 5M steps, and plain uniform 1-step DQN on
+#             Breakout as the control; replay memory per transition for MinAtar's planes;
+#             3 seeds. Hours per run on a CPU: an interrupted run resumes from its checkpoint
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
 #   --seeds N  seeds 1..N instead of the mode's default
 #   --force    rerun runs that already finished (by default a run with exit status 0 is kept,
-#              so an interrupted `full` continues where it stopped)
+#              so an interrupted `full` continues where it stopped, and a run stopped with a
+#              checkpoint resumes from it)
 #   --runs DIR where runs go (default runs/bench): DIR/<suite>/<config>/<task>/seed<N>{,.log,.exit}
 #   --out DIR  where summary.md and the plots go (default results)
 #
@@ -51,9 +56,9 @@ while (( $# )); do
   esac
 done
 case "$MODE" in
-  quick|full|ablation|speed|atari|summary) ;;
-  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari or summary" ;;
-  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari or summary" ;;
+  quick|full|ablation|speed|atari|minatar|summary) ;;
+  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari, minatar or summary" ;;
+  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari, minatar or summary" ;;
 esac
 
 # run STEM CMD...: one run with --run-dir STEM, output in STEM.log, exit status in STEM.exit.
@@ -62,10 +67,19 @@ run() {
   if [ -z "$FORCE" ] && [ "$(cat "$stem.exit" 2>/dev/null)" = 0 ]; then
     echo "kept   $stem (finished before; --force reruns it)"; return 0
   fi
-  rm -rf "$stem" "$stem.log" "$stem.exit"; mkdir -p "$(dirname "$stem")"
-  echo "start  $stem"
-  local rc=0
-  "$@" --run-dir "$stem" > "$stem.log" 2>&1 || rc=$?
+  local rc=0 code
+  code=$(cat "$stem.exit" 2>/dev/null || true)
+  if [ -z "$FORCE" ] && [ -f "$stem/checkpoint.npz" ] && [[ "$code" =~ ^(|130|137|143)$ ]]; then
+    # Stopped by a signal or killed (no exit status) after a checkpoint: continue it, with its
+    # own flags (args.json), instead of starting again.
+    rm -f "$stem.exit"
+    echo "resume $stem"
+    "$1" "$2" --resume "$stem" >> "$stem.log" 2>&1 || rc=$?
+  else
+    rm -rf "$stem" "$stem.log" "$stem.exit"; mkdir -p "$(dirname "$stem")"
+    echo "start  $stem"
+    "$@" --run-dir "$stem" > "$stem.log" 2>&1 || rc=$?
+  fi
   echo "$rc" > "$stem.exit"
   if [ "$rc" = 0 ]; then echo "done   $stem"; else echo "FAILED $stem (exit $rc, see $stem.log)" >&2; fi
 }
@@ -259,6 +273,22 @@ print("DQN pixels on %s: %.1f updates/s with prefetch, %.1f without (median rati
       % (result["device"], result["updates_per_second_prefetch_on"], result["updates_per_second_prefetch_off"],
          result["ratio_on_over_off"], sample_ms, K, B))
 PY
+    ;;
+  minatar)
+    NSEEDS=${SEEDS:-3}
+    mkdir -p "$RUNS/minatar"
+    memory="$RUNS/minatar/replay-memory.jsonl"
+    if [ -n "$FORCE" ] || [ ! -s "$memory" ]; then
+      rm -f "$memory"
+      for channels in 4 10; do  # the fewest and the most of the five games (Breakout, Seaquest)
+        "$PYTHON" tests/replay_memory.py --layout planes --channels "$channels" --capacity 100000 >> "$memory"
+      done
+    fi
+    for game in Breakout SpaceInvaders Freeway; do
+      seeds minatar dqn-per-3step "$game" $DQN --env-id "MinAtar/$game-v1" --preset minatar
+    done
+    seeds minatar dqn-uniform-1step Breakout $DQN --env-id MinAtar/Breakout-v1 --preset minatar \
+      --no-prioritized --n-step 1
     ;;
 esac
 wait

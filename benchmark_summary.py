@@ -72,6 +72,8 @@ class Run:
     env_sps: Optional[float] = None
     learning_sps: Optional[float] = None
     updates_per_second: Optional[float] = None
+    wall_seconds: Optional[float] = None  # the time the run's processes ran (event files)
+    train_last100: Optional[float] = None  # mean return of its last 100 training episodes
 
     @property
     def final(self) -> Optional[float]:
@@ -98,12 +100,12 @@ def read_eval_csv(path: str) -> Tuple[List[Tuple[int, float]], List[float]]:
     return curve, normalized if len(normalized) == len(rows) else []
 
 
-def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Optional[float], Optional[float]]:
     """(env steps/s end to end, median env steps/s over the log windows that did SGD updates,
-    median SGD updates/s over those windows), from the run's tensorboard event files."""
+    median SGD updates/s over those windows, wall seconds), from the run's tensorboard event files."""
     files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
     if not files:
-        return None, None, None
+        return None, None, None, None
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     last_step, elapsed, learning_sps, ups = None, 0.0, [], []
@@ -127,7 +129,26 @@ def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Opt
         return statistics.median(xs) if xs else None
 
     env_sps = last_step / elapsed if last_step is not None and elapsed > 0 else None
-    return env_sps, median(learning_sps), median(ups)
+    return env_sps, median(learning_sps), median(ups), (elapsed if elapsed > 0 else None)
+
+
+def read_last_training_returns(run_dir: str, last: int = 100) -> Optional[float]:
+    """Mean charts/episodic_return of the run's last `last` training episodes (the MinAtar paper's
+    measure); a resumed run's earlier event files count up to the step the next one starts from."""
+    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    per_file = []
+    for path in files:
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        if "charts/episodic_return" in acc.Tags()["scalars"]:
+            per_file.append([(e.step, e.value) for e in acc.Scalars("charts/episodic_return")])
+    returns = []
+    for i, events in enumerate(per_file):
+        resumed_at = per_file[i + 1][0][0] if i + 1 < len(per_file) and per_file[i + 1] else None
+        returns += [v for step, v in events if resumed_at is None or step < resumed_at]
+    return float(np.mean(returns[-last:])) if returns else None
 
 
 def exit_status(stem: str) -> Optional[int]:
@@ -142,7 +163,7 @@ def load_run(stem: str, root: str) -> Run:
     """stem = ROOT/<suite>/<config>/<task>/seed<N> (the run dir, without .log/.exit)."""
     suite, config, task, seed = os.path.relpath(stem, root).split(os.sep)
     code = exit_status(stem)
-    finished = code == 0 or (code is None and os.path.exists(os.path.join(stem, "model.pkl")))
+    finished = code == 0 or (code is None and os.path.exists(os.path.join(stem, "model.npz")))
     status = "ok" if finished else ("unfinished" if code is None else f"crashed (exit {code})")
     run = Run(suite, config, task, seed.replace("seed", ""), stem, status)
     eval_csv = os.path.join(stem, "eval.csv")
@@ -160,7 +181,9 @@ def load_run(stem: str, root: str) -> Run:
         run.env_id = saved.get("args", saved).get("env_id")  # the scripts nest the flags under "args"
     except (OSError, ValueError):
         pass
-    run.env_sps, run.learning_sps, run.updates_per_second = read_throughput(stem)
+    run.env_sps, run.learning_sps, run.updates_per_second, run.wall_seconds = read_throughput(stem)
+    if suite == "minatar":
+        run.train_last100 = read_last_training_returns(stem)
     return run
 
 
@@ -217,6 +240,43 @@ def summarise_group(runs: List[Run]) -> Dict[str, object]:
 
 def fmt(x: Optional[float], digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
+
+
+# The MinAtar paper's DQN at 5M frames (Young & Tian 2019, arXiv:1903.03176), read off
+# its learning curves: approximate, about +-0.5 (+-2 for Space Invaders). Its Seaquest predates
+# MinAtar 1.0.11's oxygen fix.
+MINATAR_PAPER_DQN = {
+    "Breakout": "~9-10",
+    "SpaceInvaders": "~45",
+    "Freeway": "~50",
+    "Asterix": "~12-17",
+    "Seaquest": "~16-20",
+}
+
+
+def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
+    """MinAtar reported as its paper does (training episodes at epsilon 0.1, the mean of the last
+    100 of each run), beside the greedy evaluation, the paper's DQN, and the cost of a run."""
+    lines = [
+        "| config | game | training return, last 100 episodes (mean ± std over seeds) | greedy eval "
+        "(mean ± std) | the paper's DQN | env steps/s | wall per run (median) | runs ok |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (config, task), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ok = [r for r in runs if r.status == "ok"]
+        train = [r.train_last100 for r in ok if r.train_last100 is not None]
+        final = [r.final for r in ok]
+        walls = [r.wall_seconds for r in ok if r.wall_seconds is not None]
+        sps = [r.env_sps for r in ok if r.env_sps is not None]
+        row = [
+            f"{np.mean(train):.1f} ± {np.std(train):.1f}" if train else "-",
+            f"{np.mean(final):.1f} ± {np.std(final):.1f}" if final else "-",
+            MINATAR_PAPER_DQN.get(task, "-"),
+            fmt(statistics.median(sps), 0) if sps else "-",
+            f"{statistics.median(walls) / 3600:.1f} h" if walls else "-",
+        ]
+        lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {len(ok)}/{len(runs)} |")
+    return lines
 
 
 def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
@@ -316,7 +376,8 @@ def describe_replay_memory(rows: List[dict]) -> List[str]:
     return (
         ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |", "|---|---:|---:|---:|---:|"]
         + [
-            f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
+            f"| {m['layout']}{' (%d channels)' % m['channels'] if 'channels' in m else ''} | {m['capacity']:,} | "
+            f"{m['rss_bytes'] / 2**30:.2f} GiB | "
             f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |"
             for m in rows
         ]
@@ -363,7 +424,7 @@ def write_summary(root: str, out_dir: str) -> str:
         groups: Dict[Tuple[str, str], List[Run]] = {}
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
-        lines += [f"## {suite}", ""] + table(suite, groups) + [""]
+        lines += [f"## {suite}", ""] + (minatar_table(groups) if suite == "minatar" else table(suite, groups)) + [""]
         for name, describe in SIDE_FILES.items():  # measurements benchmark.sh writes beside the runs
             path = os.path.join(root, suite, name)
             if os.path.exists(path):

@@ -56,8 +56,16 @@ Pixels (Atari)
   --preset atari starts from the PER paper's hyper-parameters (ATARI_PRESET, each value with its
   source). On a CPU this is slow (README, DQN on Atari).
 
+MinAtar (Young & Tian 2019, "MinAtar: An Atari-Inspired Testbed for Thorough and Reproducible
+Reinforcement Learning Experiments", arXiv:1903.03176)
+  Five Atari games on a 10x10 grid (python algos/dqn_prioritized.py --env-id MinAtar/Breakout-v1).
+  Their observations, bool feature planes (10, 10, C), are recognised by their space: no
+  preprocessing, no frame stack, kept in the replay as they are (1 byte per cell), and the
+  network is the MinAtar paper's (QNetwork). --preset minatar starts from that paper's DQN
+  hyper-parameters (MINATAR_PRESET), with prioritized replay and 3-step returns on top.
+
 Map of this file
-  Part 1, the algorithm: Args (the flags) and ATARI_PRESET, QNetwork, NStepAssembler,
+  Part 1, the algorithm: Args (the flags), ATARI_PRESET and MINATAR_PRESET, QNetwork, NStepAssembler,
   PrioritizedReplay, the learner (double_q_loss, make_update), acting (make_act) and train(),
   the loop. Part 2, the machinery, which a reader may skip: flag checks, envs and pixels
   (FrameStore), the prefetch and priority threads, devices, Run (run folder, resume, counters,
@@ -70,6 +78,7 @@ Run
   python algos/dqn_prioritized.py --eval-only --load runs/<run>/model.npz
   python algos/dqn_prioritized.py --save-dataset data/cartpole.hdf5   # offline data for BC
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari   # the PER paper's setup
+  python algos/dqn_prioritized.py --env-id MinAtar/Breakout-v1 --preset minatar   # the MinAtar paper's DQN
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari --num-devices -1   # every GPU
   python algos/dqn_prioritized.py --capture-video --track  # eval videos, Weights & Biases (optional packages)
   python algos/dqn_prioritized.py --help                   # every flag
@@ -145,10 +154,11 @@ class Args:
     env_id: str = "CartPole-v1"
     """gymnasium id of an environment with a Discrete action space; vector observations get the
     MLP, image observations (e.g. ALE/Breakout-v5) the Atari preprocessing and the Nature CNN"""
-    preset: Optional[Literal["atari"]] = None
-    """'atari': start from the PER paper's Atari hyper-parameters (ATARI_PRESET below) instead of
-    these defaults; flags given alongside still override them (see --preset atari --help). Read
-    by the command-line parser only: in code, write Args(**ATARI_PRESET, preset="atari", ...)"""
+    preset: Optional[Literal["atari", "minatar"]] = None
+    """'atari': start from the PER paper's Atari hyper-parameters (ATARI_PRESET below), 'minatar':
+    from the MinAtar paper's DQN (MINATAR_PRESET), instead of these defaults; flags given
+    alongside still override them (see --preset atari --help). Read by the command-line parser
+    only: in code, write Args(**ATARI_PRESET, preset="atari", ...)"""
     seed: int = 1
     """seed of the training envs, the eval env, the network and the exploration"""
     total_timesteps: int = 100_000
@@ -157,10 +167,16 @@ class Args:
     """parallel environments (gymnasium's synchronous vector env)"""
     hidden_sizes: Tuple[int, ...] = (120, 84)
     """widths of the hidden layers of the MLP (after the convolutions for image observations)"""
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    """Adam, or centred RMSProp (the DQN papers' optimiser; --preset minatar)"""
     learning_rate: float = 1e-3
-    """Adam's learning rate"""
+    """the optimiser's learning rate"""
     adam_eps: float = 1e-8
     """Adam's epsilon"""
+    rmsprop_decay: float = 0.95
+    """RMSProp: decay of the running averages of the gradient and its square"""
+    rmsprop_eps: float = 0.01
+    """RMSProp: added to the root of the centred second moment (outside the root, as torch does)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over training, which steadies the final policy"""
     max_grad_norm: float = 10.0
@@ -287,6 +303,35 @@ ATARI_PRESET = dict(
 )  # per_alpha 0.6, per_beta0 0.4 -> 1, gamma 0.99, Huber delta 1, 4-frame stacks: the defaults
 
 
+# --preset minatar: the DQN of the MinAtar paper (Young & Tian 2019, arXiv:1903.03176, Table 2
+# and its code, examples/dqn.py). MinAtar has no frame skip: one step is one frame. MinAtar itself
+# keeps sticky actions (probability 0.1, its default). Prioritized replay and 3-step returns stay
+# on, as everywhere in this script; --no-prioritized --n-step 1 gives the paper's plain DQN.
+MINATAR_PRESET = dict(
+    total_timesteps=5_000_000,  # 5M frames, the paper's budget
+    buffer_size=100_000,  # replay memory size
+    learning_starts=5_000,  # replay start size (random policy before it)
+    batch_size=32,  # minibatch size
+    train_frequency=1,  # one update per frame
+    target_network_frequency=1_000,  # a copy every 1,000 frames, which are 1,000 updates here
+    start_e=1.0,
+    end_e=0.1,  # epsilon 1.0 -> 0.1 ...
+    exploration_fraction=0.02,  # ... over 100k frames (the paper counts them from replay start)
+    gamma=0.99,  # discount
+    optimizer="rmsprop",  # centred RMSProp (torch.optim.RMSprop, centered=True) ...
+    learning_rate=2.5e-4,  # ... step size 0.00025 ...
+    rmsprop_decay=0.95,  # ... squared-gradient momentum 0.95 ...
+    rmsprop_eps=0.01,  # ... minimum squared gradient 0.01 (torch adds it outside the root)
+    anneal_lr=False,  # constant step size
+    hidden_sizes=(128,),  # one hidden layer of 128 units after the convolution
+    eval_every=100_000,
+    eval_episodes=10,
+    checkpoint_every=500_000,
+    log_every=10_000,
+)  # Huber loss (delta 1), no reward clipping, no frame stack: as the defaults have it
+PRESETS = {"atari": ATARI_PRESET, "minatar": MINATAR_PRESET}
+
+
 # ---------------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------------
@@ -294,14 +339,21 @@ ATARI_PRESET = dict(
 
 class QNetwork(nn.Module):
     """Q(s, .): an MLP on vectors; on stacked frames [B, stack, H, W] the convolutions of the Nature
-    DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari)."""
+    DQN (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1, then 512 units with --preset atari);
+    with planes=True, on MinAtar's feature planes [B, H, W, C] the network of the MinAtar paper's
+    DQN (Young & Tian 2019: one 3x3 convolution with 16 filters, stride 1, then 128 units with
+    --preset minatar)."""
 
     num_actions: int
     hidden_sizes: Tuple[int, ...]
+    planes: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        if obs.ndim == 4:
+        if self.planes:
+            x = nn.relu(nn.Conv(16, (3, 3), (1, 1), padding="VALID")(obs.astype(jnp.float32)))
+            x = x.reshape((x.shape[0], -1))
+        elif obs.ndim == 4:
             # uint8 in, scaled here: the replay and the device transfer carry bytes, not floats.
             x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
             for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
@@ -624,7 +676,11 @@ def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransforma
         if args.anneal_lr
         else args.learning_rate
     )
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr, eps=args.adam_eps))
+    if args.optimizer == "rmsprop":  # torch's centred RMSprop: eps outside the root, moments from 0
+        step = optax.rmsprop(lr, decay=args.rmsprop_decay, eps=args.rmsprop_eps, centered=True, eps_in_sqrt=False)
+    else:
+        step = optax.adam(lr, eps=args.adam_eps)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), step)
 
 
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
@@ -647,9 +703,10 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call.
 
     The K steps are a lax.scan, or with unroll=True K copies of the step in one program. Unrolling
-    is for convolutions on CPU: XLA's CPU backend runs them several times slower inside a loop
-    (README, DQN on Atari), at the price of a compile time that grows with K. The state must be on the devices of
-    learner_shardings(args) (jax.device_put(state, shardings.replicated)).
+    is for convolutions on CPU: XLA's CPU backend runs them slower inside a loop (several times for
+    the Nature CNN, less for MinAtar's; README), at the price of a compile time that grows with K.
+    The state must be on the devices of learner_shardings(args) (jax.device_put(state,
+    shardings.replicated)).
     """
     shardings = learner_shardings(args)
 
@@ -738,14 +795,15 @@ def train(args: Args) -> dict:
     env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
     envs = env_fn(args.num_envs)
     num_actions, obs_space = int(envs.single_action_space.n), envs.single_observation_space
-    network = QNetwork(num_actions, args.hidden_sizes)
+    network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(obs_space))
     optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
     replay, nstep = make_replay(args, obs_space)
     act = make_act(network.apply, num_actions)
+    # Convolutions (Nature CNN, MinAtar's) run faster unrolled than in a scan on CPU: see make_update.
     update = make_update(
-        network.apply, optimizer, args, unroll=replay.frames is not None and jax.default_backend() == "cpu"
+        network.apply, optimizer, args, unroll=len(obs_space.shape) == 3 and jax.default_backend() == "cpu"
     )
     # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
     # evaluations and checkpoints: Part 2. The loop below is the algorithm.
@@ -845,7 +903,17 @@ def check_args(args: Args, packages: bool = True) -> None:
     for name in ("start_e", "end_e", "eval_epsilon", "per_beta0", "dataset_epsilon"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("learning_rate", "adam_eps", "max_grad_norm", "huber_delta", "per_eps", "max_episode_frames"):
+    if not 0.0 < args.rmsprop_decay < 1.0:
+        raise ConfigError(f"--rmsprop-decay must be in (0, 1), got {args.rmsprop_decay}")
+    for name in (
+        "learning_rate",
+        "adam_eps",
+        "rmsprop_eps",
+        "max_grad_norm",
+        "huber_delta",
+        "per_eps",
+        "max_episode_frames",
+    ):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.per_alpha < 0:
@@ -881,6 +949,13 @@ def importable(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 FRAME_STACK = 4  # frames per image observation (Nature DQN)
+
+
+def is_planes(space: gym.Space) -> bool:
+    """MinAtar's observations: bool feature planes (H, W, C), channels last, one channel per kind
+    of object; told apart by the observation space, never by the env's name. They are the
+    state itself (trails included), so they get no preprocessing and no frame stack."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
 def is_image(space: gym.Space) -> bool:
@@ -927,6 +1002,12 @@ def make_env(
         gym.register_envs(ale_py)
     except ImportError:
         pass
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        if not importable("minatar.gym"):
+            raise ConfigError(f"{env_id} needs MinAtar: pip install minatar")
+        import minatar.gym  # its ids are registered when asked to (gymnasium 1.x has no plugins)
+
+        minatar.gym.register_envs()
     try:
         probe = gym.make(env_id)
     except gym.error.Error as e:
@@ -941,10 +1022,10 @@ def make_env(
         wrappers, kwargs = [], {}
         if is_image(space):
             wrappers, kwargs = image_pipeline(probe, max_episode_frames)
-        elif not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        elif not is_planes(space) and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):
             raise ConfigError(
-                f"{env_id} has observations {space}; this script takes flat vectors "
-                "or uint8 images, (H, W) or (H, W, 3)"
+                f"{env_id} has observations {space}; this script takes flat vectors, "
+                "uint8 images, (H, W) or (H, W, 3), or bool feature planes (H, W, C)"
             )
     finally:
         probe.close()
@@ -1120,11 +1201,11 @@ class FrameStore:
 
 
 def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
-    """The prioritized replay and the n-step assembler that feeds it. make_env gives flat vectors
-    or stacks of frames; stacks go through a FrameStore, so the rows and the assembler carry
-    frame numbers instead of pixels."""
+    """The prioritized replay and the n-step assembler that feeds it. make_env gives flat vectors,
+    bool feature planes (kept as they are: 1 byte per cell) or stacks of frames; stacks go through
+    a FrameStore, so the rows and the assembler carry frame numbers instead of pixels."""
     frames = None
-    if len(obs_space.shape) == 3:
+    if len(obs_space.shape) == 3 and not is_planes(obs_space):
         capacity = FrameStore.capacity_for(args.buffer_size, args.num_envs, args.n_step, PrioritizedReplay.STAGE_ROWS)
         frames = FrameStore(capacity, args.num_envs, obs_space.shape[1:])
     alpha = args.per_alpha if args.prioritized else 0.0
@@ -1688,10 +1769,10 @@ def run_eval_only(args: Args, given: Optional[frozenset] = None) -> np.ndarray:
     max_frames = args.max_episode_frames if "max_episode_frames" in given else saved.max_episode_frames
     env_fn = functools.partial(make_env, saved.env_id, max_episode_frames=max_frames)
     envs = env_fn(1)
-    num_actions, obs_shape = int(envs.single_action_space.n), envs.single_observation_space.shape
+    num_actions, obs_space = int(envs.single_action_space.n), envs.single_observation_space
     envs.close()
-    network = QNetwork(num_actions, saved.hidden_sizes)
-    template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_shape, jnp.float32))
+    network = QNetwork(num_actions, saved.hidden_sizes, planes=is_planes(obs_space))
+    template = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + obs_space.shape, jnp.float32))
     prefix = "train_state/params/" if kind == "checkpoint" else "params/"
     params = restore_tree(template, arrays, prefix, path)
     act = make_act(network.apply, num_actions)
@@ -2126,8 +2207,11 @@ def parse_args(argv=None) -> Args:
     argv = sys.argv[1:] if argv is None else list(argv)
     default = Args()
     for i, token in enumerate(argv):
-        if token == "--preset=atari" or (token == "--preset" and argv[i + 1 : i + 2] == ["atari"]):
-            default = Args(preset="atari", **ATARI_PRESET)
+        name = token[len("--preset=") :] if token.startswith("--preset=") else None
+        if token == "--preset" and i + 1 < len(argv):
+            name = argv[i + 1]
+        if name in PRESETS:
+            default = Args(preset=name, **PRESETS[name])
     return tyro.cli(Args, args=argv, default=default)
 
 

@@ -1,12 +1,15 @@
-"""Resident memory of dqn_prioritized.py's replay for 84x84 Atari frames, per transition.
+"""Resident memory of dqn_prioritized.py's replay for 84x84 Atari frames (or MinAtar's bool
+feature planes), per transition.
 
     python tests/replay_memory.py --layout compressed --capacity 1000000
     python tests/replay_memory.py --layout naive --capacity 100000
+    python tests/replay_memory.py --layout planes --channels 4 --capacity 100000
 
 Fills a replay of `capacity` transitions (frame stacks of 4, one env, 1-step rows, episodes of
 `--episode` steps) and prints one JSON line: bytes per transition from the RSS growth (what the
 process really holds) and from the arrays' sizes. 'compressed' is the script's FrameStore layout
-(rows of frame numbers, each frame kept once); 'naive' stores obs and next_obs as pixel stacks.
+(rows of frame numbers, each frame kept once); 'naive' stores obs and next_obs as pixel stacks;
+'planes' stores MinAtar's 10x10xC bool observations as they are.
 Used by tests/test_dqn_atari.py and by ./benchmark.sh atari (which also takes filled_replay()
 for its prefetch on/off measurement).
 """
@@ -27,10 +30,12 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def fill(layout: str, capacity: int, episode: int, chunk: int = 1024) -> dict:
+def fill(layout: str, capacity: int, episode: int, chunk: int = 1024, channels: int = 4) -> dict:
     load_script("dqn_prioritized")  # its imports (jax, cpprb, ...) are not the replay's memory
     before = rss_bytes()
-    replay = filled_replay(layout, capacity, episode, chunk)
+    replay = (
+        filled_planes(capacity, channels) if layout == "planes" else filled_replay(layout, capacity, episode, chunk)
+    )
     replay.flush()
     grown = rss_bytes() - before
     arrays = replay.write_count.nbytes + replay.priority.nbytes
@@ -45,7 +50,31 @@ def fill(layout: str, capacity: int, episode: int, chunk: int = 1024) -> dict:
         "rss_bytes_per_transition": grown / capacity,
         "array_bytes_per_transition": arrays / capacity,
         "frames_written": replay.frames.written if replay.frames is not None else None,
+        **({"channels": channels} if layout == "planes" else {}),
     }
+
+
+def filled_planes(capacity: int, channels: int, chunk: int = 1024):
+    """dqn_prioritized.PrioritizedReplay holding `capacity` transitions of random 10x10xC bool planes."""
+    dqn = load_script("dqn_prioritized")
+    rng = np.random.default_rng(0)
+    replay = dqn.PrioritizedReplay(capacity, (10, 10, channels), np.bool_, 0.6, 1e-6)
+    obs = rng.random((chunk + 1, 10, 10, channels)) < 0.1
+    added = 0
+    while added < capacity:
+        rows = min(chunk, capacity - added)
+        replay.add(
+            {
+                "obs": obs[:rows],
+                "next_obs": obs[1 : rows + 1],
+                "action": np.zeros(rows, np.int64),
+                "reward": np.zeros(rows, np.float32),
+                "discount": np.full(rows, 0.99, np.float32),
+            }
+        )
+        added += rows
+    replay.flush()
+    return replay
 
 
 def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
@@ -87,8 +116,9 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layout", choices=("compressed", "naive"), required=True)
+    parser.add_argument("--layout", choices=("compressed", "naive", "planes"), required=True)
     parser.add_argument("--capacity", type=int, required=True)
     parser.add_argument("--episode", type=int, default=1000, help="steps per episode")
+    parser.add_argument("--channels", type=int, default=4, help="planes: MinAtar channels (Breakout 4, Seaquest 10)")
     a = parser.parse_args()
-    print(json.dumps(fill(a.layout, a.capacity, a.episode)))
+    print(json.dumps(fill(a.layout, a.capacity, a.episode, channels=a.channels)))

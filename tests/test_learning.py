@@ -2,9 +2,11 @@
 
 import csv
 import dataclasses
+import functools
 import os
 
 import gymnasium as gym
+import jax
 import numpy as np
 import pytest
 from helpers import ROOT, load_script
@@ -113,3 +115,33 @@ def test_dqn_pixels_learn_a_task_that_needs_the_frame_stack(tmp_path):
     )
     result = dqn.main(args)
     assert result["eval_mean"] >= 8.5, result
+
+
+def test_dqn_learns_minatar_breakout(tmp_path):
+    """MinAtar (issue 14), the pixel-like path that learns on a CPU: --preset minatar on
+    MinAtar/Breakout-v1 for 50k steps (about 1.5 minutes here) must reach a greedy evaluation (10
+    episodes) of 2.0. A uniformly random policy averages 0.3 (206 episodes measured: none above
+    3, so a mean of 10 at 2.0 is out of its reach; this test measures it again below); the
+    preset's runs at 50k reached a best evaluation of 3.2, 4.9 and 3.2 (seeds 1-3)."""
+    dqn = load_script("dqn_prioritized")
+    args = dqn.Args(
+        **dqn.MINATAR_PRESET,
+        preset="minatar",
+        env_id="MinAtar/Breakout-v1",
+        seed=1,
+        total_timesteps=50_000,
+        eval_every=25_000,
+        checkpoint_every=0,
+        run_dir=str(tmp_path / "minatar"),
+    )
+    result = dqn.main(args)
+    with open(os.path.join(result["run_dir"], "eval.csv")) as f:
+        evals = [float(row["mean"]) for row in csv.DictReader(f)]
+    assert max(evals) >= 2.0, evals
+    # The random policy through the same evaluation code (epsilon 1), 10 groups of 10 episodes.
+    env_fn = functools.partial(dqn.make_env, "MinAtar/Breakout-v1")
+    network = dqn.QNetwork(3, args.hidden_sizes, planes=True)
+    params = network.init(jax.random.PRNGKey(0), np.zeros((1, 10, 10, 4), np.float32))
+    act = dqn.make_act(network.apply, 3)
+    random = [dqn.evaluate(act, params, env_fn, 10, 1.0, seed).mean() for seed in range(10)]
+    assert max(random) < 2.0 <= max(evals), (random, evals)
