@@ -303,10 +303,11 @@ ATARI_PRESET = dict(
 )  # per_alpha 0.6, per_beta0 0.4 -> 1, gamma 0.99, Huber delta 1, 4-frame stacks: the defaults
 
 
-# --preset minatar: the DQN of the MinAtar paper (Young & Tian 2019, arXiv:1903.03176, Table 2
-# and its code, examples/dqn.py). MinAtar has no frame skip: one step is one frame. MinAtar itself
-# keeps sticky actions (probability 0.1, its default). Prioritized replay and 3-step returns stay
-# on, as everywhere in this script; --no-prioritized --n-step 1 gives the paper's plain DQN.
+# --preset minatar: the DQN of the MinAtar paper (Young & Tian 2019, arXiv:1903.03176), as its
+# code has it (MinAtar's examples/dqn.py). MinAtar has no frame skip: one step is one frame; it
+# keeps sticky actions itself (probability 0.1, its default). Prioritized replay and 3-step
+# returns stay on, as everywhere in this script; --no-prioritized --n-step 1 is the paper's
+# uniform one-step replay (with double Q-learning, which this script always uses).
 MINATAR_PRESET = dict(
     total_timesteps=5_000_000,  # 5M frames, the paper's budget
     buffer_size=100_000,  # replay memory size
@@ -1024,8 +1025,8 @@ def make_env(
             wrappers, kwargs = image_pipeline(probe, max_episode_frames)
         elif not is_planes(space) and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):
             raise ConfigError(
-                f"{env_id} has observations {space}; this script takes flat vectors, "
-                "uint8 images, (H, W) or (H, W, 3), or bool feature planes (H, W, C)"
+                f"{env_id} has observations {space}; this script takes flat vectors or uint8 images, "
+                "(H, W) or (H, W, 3), or bool feature planes (H, W, C)"
             )
     finally:
         probe.close()

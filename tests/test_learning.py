@@ -124,16 +124,13 @@ def test_dqn_learns_minatar_breakout(tmp_path):
     3, so a mean of 10 at 2.0 is out of its reach; this test measures it again below); the
     preset's runs at 50k reached a best evaluation of 3.2, 4.9 and 3.2 (seeds 1-3)."""
     dqn = load_script("dqn_prioritized")
-    args = dqn.Args(
+    flags = {
         **dqn.MINATAR_PRESET,
-        preset="minatar",
-        env_id="MinAtar/Breakout-v1",
-        seed=1,
-        total_timesteps=50_000,
-        eval_every=25_000,
-        checkpoint_every=0,
-        run_dir=str(tmp_path / "minatar"),
-    )
+        "total_timesteps": 50_000,
+        "eval_every": 25_000,
+        "checkpoint_every": 0,
+    }
+    args = dqn.Args(**flags, preset="minatar", env_id="MinAtar/Breakout-v1", seed=1, run_dir=str(tmp_path / "m"))
     result = dqn.main(args)
     with open(os.path.join(result["run_dir"], "eval.csv")) as f:
         evals = [float(row["mean"]) for row in csv.DictReader(f)]
