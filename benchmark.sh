@@ -142,8 +142,9 @@ case "$MODE" in
     ;;
   speed)
     NSEEDS=${SEEDS:-3} JOBS=1  # timings of parallel runs would measure the contention
+    # CleanRL counts its target period (500) in env steps; ours counts SGD steps: 500 / 10 = 50.
     cleanrl_dqn=(--total-timesteps 500000 --train-frequency 10 --batch-size 128 --buffer-size 10000
-                 --learning-rate 2.5e-4 --target-network-frequency 500 --learning-starts 10000
+                 --learning-rate 2.5e-4 --target-network-frequency 50 --learning-starts 10000
                  --exploration-fraction 0.5 --end-e 0.05 --hidden-sizes 120 84 --no-anneal-lr
                  --eval-every 500000 --checkpoint-every 0)
     cleanrl_sac=(--total-timesteps 15000 --learning-starts 5000 --batch-size 256 --policy-frequency 2
