@@ -131,35 +131,17 @@ def run_mode(name: str, folder: str) -> dict:
     """Train on 2 devices with a checkpoint, resume that on 1 device, then the result on 2 again."""
     mod = load_script(name)
     run_dir = os.path.join(folder, name)
+    base = dict(eval_episodes=2, hidden_sizes=(32, 32), keep_checkpoints=2, run_dir=run_dir)
     if name == "bc_offline":
         data = os.path.join(
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pendulum-sac-expert.hdf5"
         )
-        base = dict(
-            dataset=[data],
-            batch_size=64,
-            updates_per_call=50,
-            eval_every=10_000,
-            eval_episodes=2,
-            hidden_sizes=(32, 32),
-            checkpoint_every=100,
-            keep_checkpoints=2,
-            run_dir=run_dir,
-        )
+        base.update(dataset=[data], batch_size=64, updates_per_call=50, eval_every=10_000, checkpoint_every=100)
         budgets, counter = ("total_updates", (300, 400, 500)), "updates"
     else:
         env = "CartPole-v1" if name == "dqn_prioritized" else "Pendulum-v1"
-        base = dict(
-            env_id=env,
-            batch_size=32,
-            updates_per_call=4,
-            learning_starts=300,
-            eval_every=100_000,
-            eval_episodes=2,
-            hidden_sizes=(32, 32),
-            checkpoint_every=200,
-            keep_checkpoints=2,
-            run_dir=run_dir,
+        base.update(
+            env_id=env, batch_size=32, updates_per_call=4, learning_starts=300, eval_every=100_000, checkpoint_every=200
         )
         budgets, counter = ("total_timesteps", (600, 800, 1000)), "global_step"
     results = []

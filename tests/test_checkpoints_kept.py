@@ -10,26 +10,18 @@ import pytest
 from helpers import ROOT, load_script
 
 MODULES = {name: load_script(name) for name in ("dqn_prioritized", "sac", "bc_offline")}
+ONLINE = dict(
+    hidden_sizes=(16,),
+    learning_starts=100,
+    batch_size=16,
+    buffer_size=1000,
+    updates_per_call=4,
+    eval_episodes=1,
+    eval_every=10_000,
+)
 SMALL = {
-    "dqn_prioritized": dict(
-        hidden_sizes=(16,),
-        learning_starts=100,
-        batch_size=16,
-        buffer_size=1000,
-        updates_per_call=4,
-        eval_episodes=1,
-        eval_every=10_000,
-    ),
-    "sac": dict(
-        env_id="Pendulum-v1",
-        hidden_sizes=(16,),
-        learning_starts=100,
-        batch_size=16,
-        buffer_size=1000,
-        updates_per_call=4,
-        eval_episodes=1,
-        eval_every=10_000,
-    ),
+    "dqn_prioritized": ONLINE,
+    "sac": dict(ONLINE, env_id="Pendulum-v1"),
     "bc_offline": dict(
         hidden_sizes=(16,),
         batch_size=16,

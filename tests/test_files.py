@@ -13,43 +13,14 @@ from helpers import ROOT, load_script
 
 dqn, sac, bc = (load_script(n) for n in ("dqn_prioritized", "sac", "bc_offline"))
 MODULES = {"dqn": dqn, "sac": sac, "bc": bc}
+# DQN's and SAC's small run
+ONLINE = (
+    "--hidden-sizes 16 --learning-starts 100 --batch-size 16 --buffer-size 1000 "
+    "--updates-per-call 4 --eval-episodes 1 --eval-every 10000 --total-timesteps 300"
+).split()
 RUNS = {
-    "dqn": [
-        "--hidden-sizes",
-        "16",
-        "--learning-starts",
-        "100",
-        "--batch-size",
-        "16",
-        "--buffer-size",
-        "1000",
-        "--updates-per-call",
-        "4",
-        "--eval-episodes",
-        "1",
-        "--eval-every",
-        "10000",
-        "--total-timesteps",
-        "300",
-    ],
-    "sac": [
-        "--hidden-sizes",
-        "16",
-        "--learning-starts",
-        "100",
-        "--batch-size",
-        "16",
-        "--buffer-size",
-        "1000",
-        "--updates-per-call",
-        "4",
-        "--eval-episodes",
-        "1",
-        "--eval-every",
-        "10000",
-        "--total-timesteps",
-        "300",
-    ],
+    "dqn": ONLINE,
+    "sac": ONLINE,
     "bc": [
         "--hidden-sizes",
         "16",

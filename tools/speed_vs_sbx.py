@@ -186,40 +186,15 @@ def main():
         for seed in range(1, a.seeds + 1):
             for side in ("ours", "sbx") if seed % 2 else ("sbx", "ours"):
                 stem = os.path.join(a.out, f"solve-{algo}-{side}-{seed}")
+                common = f"--seed {seed} --total-timesteps {spec['budget']} --eval-every {spec['every']}".split()
                 if side == "ours":
-                    cmd = [
-                        a.python,
-                        *spec["ours"],
-                        "--seed",
-                        str(seed),
-                        "--total-timesteps",
-                        str(spec["budget"]),
-                        "--eval-every",
-                        str(spec["every"]),
-                        "--checkpoint-every",
-                        "0",
-                        "--checkpoint-minutes",
-                        "0",
-                        "--run-dir",
-                        stem,
-                    ]
+                    quiet = ["--checkpoint-every", "0", "--checkpoint-minutes", "0", "--run-dir", stem]
+                    cmd = [a.python, *spec["ours"], *common, *quiet]
                     start, end = timed(cmd, stem + ".log")
                     hit = first_solve_time(stem, spec["threshold"])
                     solved = None if hit is None else {"step": hit[0], "seconds": hit[1] - start}
                 else:
-                    cmd = [
-                        a.sbx_python,
-                        "tools/sbx_peer.py",
-                        *spec["sbx"],
-                        "--seed",
-                        str(seed),
-                        "--total-timesteps",
-                        str(spec["budget"]),
-                        "--solve",
-                        str(spec["threshold"]),
-                        "--eval-every",
-                        str(spec["every"]),
-                    ]
+                    cmd = [a.sbx_python, "tools/sbx_peer.py", *spec["sbx"], *common, "--solve", str(spec["threshold"])]
                     start, end = timed(cmd, stem + ".log")
                     hit = peer_result(stem + ".log")["solved"]
                     solved = None if hit is None else {"step": hit["step"], "seconds": hit["time"] - start}
