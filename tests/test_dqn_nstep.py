@@ -33,10 +33,11 @@ def brute_force(episodes, n, gamma):
     return sorted(out)
 
 
-def simulate(num_envs, n, gamma, steps, seed, clip=None):
-    """Random streams with random terminations/truncations, fed to the assembler step by step."""
+def simulate(num_envs, n, gamma, steps, seed, clip=None, script=None):
+    """Random streams with random terminations/truncations, fed to the assembler step by step
+    (dqn_prioritized.py's, or the copy in another script)."""
     rng = np.random.default_rng(seed)
-    asm = dqn.NStepAssembler(n, gamma, num_envs, (2,), np.float32, clip_reward=clip)
+    asm = (script or dqn).NStepAssembler(n, gamma, num_envs, (2,), np.float32, clip_reward=clip)
     episodes = [[] for _ in range(num_envs)]
     current = [{"obs": [rng.normal(size=2).astype(np.float32)], "a": [], "r": []} for _ in range(num_envs)]
     emitted = []
@@ -77,10 +78,13 @@ def simulate(num_envs, n, gamma, steps, seed, clip=None):
     return sorted(emitted), complete, current
 
 
+@pytest.mark.parametrize("script", ["dqn_prioritized", "apex_dqn"])
 @pytest.mark.parametrize("num_envs,n", [(1, 1), (1, 3), (4, 3), (3, 5)])
-def test_nstep_matches_brute_force(num_envs, n):
+def test_nstep_matches_brute_force(num_envs, n, script):
     gamma = 0.9
-    emitted, complete, unfinished = simulate(num_envs, n, gamma, 400, seed=num_envs * 10 + n)
+    emitted, complete, unfinished = simulate(
+        num_envs, n, gamma, 400, seed=num_envs * 10 + n, script=load_script(script)
+    )
     assert any(not ep[3] for ep in complete) and any(ep[3] for ep in complete)  # both kinds of ends
     expected = brute_force(complete, n, gamma)
     # Unfinished episodes: their first T - (n - 1) transitions are already out (full n steps).

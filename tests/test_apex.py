@@ -1,0 +1,259 @@
+"""algos/apex_dqn.py: what an actor hands the learner (transitions an env replayed by hand agrees
+with, priorities a numpy double-Q computes, its epsilon, its parameter syncs), the replay's
+checkpoint round trip, and whole runs on a local Ray: solving CartPole-v1 with 2 actors, an actor
+killed with SIGKILL mid-run, resume, joining a running Ray, bad input."""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from helpers import ROOT, import_in_fresh_process, load_script
+
+apex = load_script("apex_dqn")
+SCRIPT = os.path.join(ROOT, "algos", "apex_dqn.py")
+# The local Ray must bind to the loopback address only; the script sets this itself, and the
+# test's own `ray start` needs it too.
+RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def small_args(**overrides):
+    return apex.Args(**{"hidden_sizes": (32, 32), "chunk_size": 50, **overrides})
+
+
+def numpy_q(params, obs):
+    """The MLP of QNetwork (ReLU hidden layers, linear output) in numpy."""
+    layers = params["params"]
+    x = np.asarray(obs, np.float64)
+    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
+    for i, name in enumerate(names):
+        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
+        if i < len(names) - 1:
+            x = np.maximum(x, 0.0)
+    return x
+
+
+def two_networks(args, obs_dim=4, actions=2):
+    network = apex.QNetwork(actions, args.hidden_sizes)
+    dummy = np.zeros((1, obs_dim), np.float32)
+    return network.init(jax.random.PRNGKey(1), dummy), network.init(jax.random.PRNGKey(2), dummy)
+
+
+def test_actor_chunk_is_what_the_env_did():
+    """With n = 1 and one env the rows come in step order: replaying their actions in a fresh env
+    with the actor's seed must meet every obs, reward, real final observation and terminal."""
+    args = small_args(n_step=1, gamma=0.9)
+    online, target = two_networks(args)
+    actor = apex.Actor(args, index=0, num_actors=2, seed=123)  # epsilon 0.4: episodes end often
+    rows = [actor.collect([(0, (online, target))])["transitions"] for _ in range(8)]
+    rows = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    envs = apex.make_env(args.env_id, 1)
+    obs = apex.seed_envs(envs, 123)
+    ends = 0
+    for t in range(len(rows["action"])):
+        np.testing.assert_array_equal(rows["obs"][t], obs[0])
+        obs, reward, terminated, truncated, info = envs.step(rows["action"][t : t + 1])
+        done = terminated | truncated
+        real = apex.real_next_obs(obs, done, info)
+        np.testing.assert_array_equal(rows["next_obs"][t], real[0])
+        assert rows["reward"][t] == reward[0]
+        assert rows["discount"][t] == pytest.approx(0.0 if terminated[0] else 0.9)
+        ends += int(done[0])
+    assert ends >= 3  # the comparison crossed episode ends
+
+
+def test_actor_priorities_are_double_q_td_errors():
+    """p = |r + d Q_target(s', argmax_a Q_online(s', a)) - Q_online(s, a)|, computed in numpy from
+    the same chunk and parameters (online and target differ, so a single-Q target would fail)."""
+    args = small_args(n_step=3, num_envs=2)
+    online, target = two_networks(args)
+    actor = apex.Actor(args, index=1, num_actors=3, seed=5)
+    out = actor.collect([(7, (online, target))])
+    rows = out["transitions"]
+    assert len(out["priorities"]) == len(rows["action"]) >= args.chunk_size
+    a_star = numpy_q(online, rows["next_obs"]).argmax(axis=1)
+    q_next = numpy_q(target, rows["next_obs"])[np.arange(len(a_star)), a_star]
+    q_taken = numpy_q(online, rows["obs"])[np.arange(len(a_star)), rows["action"]]
+    expected = np.abs(rows["reward"] + rows["discount"] * q_next - q_taken)
+    np.testing.assert_allclose(out["priorities"], expected, rtol=1e-4, atol=1e-5)
+    assert out["version"] == 7
+    assert out["epsilon"] == pytest.approx(0.4 ** (1 + 7 * 1 / 2))
+    assert out["env_steps"] == 2 * actor.steps
+
+
+def test_actor_copies_parameters_only_every_param_sync_every_steps():
+    args = small_args(param_sync_every=120)
+    online, target = two_networks(args)
+    actor = apex.Actor(args, index=0, num_actors=1, seed=0)
+    versions, steps = [], []
+    for version in range(1, 8):
+        out = actor.collect([(version, (online, target))])
+        versions.append(out["version"])
+        steps.append(actor.steps)
+    # A chunk is ~50 steps: the copy made before a chunk holds until 120 steps have passed.
+    synced_at = [0] + [s for s in steps[:-1]]
+    expected, last_sync, current = [], None, None
+    for version, start in zip(range(1, 8), synced_at):
+        if last_sync is None or start - last_sync >= 120:
+            last_sync, current = start, version
+        expected.append(current)
+    assert versions == expected and len(set(versions)) >= 2
+
+
+def test_actor_epsilons_follow_the_paper():
+    assert apex.actor_epsilon(0, 1) == 0.4
+    n = 6
+    for i in range(n):
+        assert apex.actor_epsilon(i, n) == pytest.approx(0.4 ** (1 + 7 * i / (n - 1)))
+    assert apex.actor_epsilon(n - 1, n) == pytest.approx(0.4**8)
+
+
+def test_replay_checkpoint_round_trip_and_fifo():
+    args = small_args()
+    replay = apex.PrioritizedReplay(100, (4,), np.float32, 0.6, 1e-6)
+    rng = np.random.default_rng(0)
+    for chunk in range(3):  # 150 rows into 100 slots: the first 50 are gone, oldest first
+        rows = {
+            "obs": np.full((50, 4), chunk, np.float32),
+            "action": rng.integers(0, 2, 50),
+            "reward": rng.normal(size=50).astype(np.float32),
+            "next_obs": np.full((50, 4), chunk + 0.5, np.float32),
+            "discount": np.full(50, 0.99, np.float32),
+        }
+        replay.add(rows, rng.random(50) * 3)
+    stored = replay.buffer.get_all_transitions()
+    assert sorted(set(stored["obs"][:, 0])) == [1.0, 2.0]
+    state = replay.state_dict()
+    copy = apex.PrioritizedReplay(100, (4,), np.float32, 0.6, 1e-6)
+    copy.load_state_dict(state, "test")
+    for key, value in state.items():
+        np.testing.assert_array_equal(copy.state_dict()[key], value)
+    assert copy.buffer.get_next_index() == replay.buffer.get_next_index() == 50
+    del args
+    bad = dict(state, **{"replay/priority": -state["replay/priority"]})
+    with pytest.raises(apex.ConfigError, match="out of range"):
+        copy.load_state_dict(bad, "bad.npz")
+
+
+def test_import_has_no_side_effects():
+    out = import_in_fresh_process("apex_dqn")
+    assert out.returncode == 0 and "clean" in out.stdout, out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole runs on a local Ray
+# ---------------------------------------------------------------------------------------------
+
+
+def run_script(*flags, timeout=600, env=RAY_ENV):
+    return subprocess.run(
+        [sys.executable, SCRIPT, *flags], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
+    )
+
+
+def test_two_actors_solve_cartpole(tmp_path):
+    out = run_script("--num-actors", "2", "--run-dir", str(tmp_path))  # the default budget, 100k steps
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = [line for line in out.stdout.splitlines() if line.startswith("final eval")]
+    assert final and float(final[0].split(":")[1].split()[0]) >= 475, out.stdout[-3000:]
+    actors = json.load(open(tmp_path / "actors.json"))
+    assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**8])  # as the actors report it
+    assert len({a["pid"] for a in actors}) == 2 and all(a["restarts"] == 0 for a in actors)
+
+
+def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--num-actors", "3", "--total-timesteps", "40000", "--run-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=RAY_ENV,
+    )
+    try:
+        path, deadline = tmp_path / "actors.json", time.time() + 120
+        while time.time() < deadline:
+            if path.exists():
+                actors = json.load(open(path))
+                if all(a["pid"] for a in actors):
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the actors never reported")
+        victim = actors[1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "actor 1 is down" in stdout and "actor 1 is back" in stdout and "final eval" in stdout, stdout[-3000:]
+    actors = json.load(open(path))
+    assert actors[1]["restarts"] == 1 and actors[1]["pid"] not in (None, victim)
+    assert [a["restarts"] for a in (actors[0], actors[2])] == [0, 0]
+    assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**4.5, 0.4**8])
+
+
+def test_resume_continues_the_learner_and_its_replay(tmp_path):
+    flags = ["--num-actors", "2", "--run-dir", str(tmp_path), "--eval-every", "5000"]
+    first = run_script(*flags, "--total-timesteps", "8000")
+    assert first.returncode == 0, first.stderr[-3000:]
+    meta, arrays = apex.load_npz(str(tmp_path / "checkpoint.npz"))
+    rows, sgd = len(arrays["replay/priority"]), int(arrays["train_state/sgd_steps"])
+    assert rows >= 8000 - 2 * 50 and sgd > 0
+    second = run_script("--resume", str(tmp_path), "--total-timesteps", "14000")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed {tmp_path} at step {meta['global_step']} ({sgd} SGD steps, {rows} rows)" in second.stdout
+    meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"))
+    assert meta2["global_step"] >= 14000 and int(arrays2["train_state/sgd_steps"]) > sgd
+    assert len(arrays2["replay/priority"]) >= rows
+    steps = [int(line.split(",")[0]) for line in open(tmp_path / "eval.csv").read().split()[1:]]
+    assert steps == sorted(steps) and steps[-1] >= 14000
+
+
+def test_joins_a_running_ray(tmp_path):
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    port = "6391"
+    # Token authentication, Ray's default for a cluster once a token exists, with a token of the
+    # test's own (not ~/.ray/auth_token, which a fresh machine does not have).
+    token_env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    start = subprocess.run(
+        [ray_bin, "start", "--head", "--port", port, "--num-cpus", "3", "--include-dashboard=false"],
+        capture_output=True,
+        text=True,
+        env=token_env,
+        timeout=120,
+    )
+    try:
+        assert start.returncode == 0, start.stderr[-2000:]
+        flags = ["--ray-address", f"127.0.0.1:{port}", "--num-actors", "2", "--total-timesteps", "3000"]
+        refused = run_script(*flags, "--run-dir", str(tmp_path), timeout=120)  # Ray's token authentication is on
+        assert refused.returncode == 2 and "needs RAY_AUTH_MODE=token" in refused.stderr, refused.stderr[-2000:]
+        out = run_script(*flags, "--run-dir", str(tmp_path), env=token_env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"2 actors on Ray (127.0.0.1:{port})" in out.stdout
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, env=token_env, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: no Ray there"),
+        (["--env-id", "Pendulum-v1"], "Pendulum-v1 has a Box action space; DQN needs Discrete actions"),
+        (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
+        (["--num-actors", "0"], "--num-actors must be positive or -1"),
+        (["--chunk-size", "0"], "--chunk-size must be positive"),
+        (["--resume", "/nonexistent"], "--resume /nonexistent: no args.json there"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, flags, message):
+    out = run_script(*flags, "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("apex_dqn.py: error: ") and message in lines[0], out.stderr
