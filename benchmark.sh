@@ -24,6 +24,13 @@
 #             Breakout, SpaceInvaders and Freeway, 5M steps, and plain uniform 1-step DQN on
 #             Breakout as the control; replay memory per transition for MinAtar's planes;
 #             3 seeds. Hours per run on a CPU: an interrupted run resumes from its checkpoint
+#   apex      Ape-X (algos/apex_dqn.py) on CartPole-v1 on a local Ray: env steps/s, learner
+#             updates/s, the learner's wait fraction and the final eval with 1, 2 and 4 actors
+#             (4 oversubscribes 2 cores) and the learner running free (the paper), the default
+#             run (2 actors, replay ratio capped as dqn_prioritized.py's) beside
+#             dqn_prioritized.py's default run; where the replay should live (in the learner or
+#             a Ray actor) and what one actor and one update cost (tools/apex_*.py); one at a
+#             time; 3 seeds
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
@@ -40,7 +47,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^# PYTHON/p' "$0" | sed 's/^# \{0,1\}//'; }
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
 JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
@@ -58,9 +65,9 @@ while (( $# )); do
   esac
 done
 case "$MODE" in
-  quick|full|ablation|speed|atari|minatar|summary) ;;
-  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari, minatar or summary" ;;
-  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari, minatar or summary" ;;
+  quick|full|ablation|speed|atari|minatar|apex|summary) ;;
+  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari, minatar, apex or summary" ;;
+  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari, minatar, apex or summary" ;;
 esac
 
 # run STEM CMD...: one run with --run-dir STEM, output in STEM.log, exit status in STEM.exit.
@@ -98,7 +105,7 @@ seeds() {
   done
 }
 
-DQN=dqn_prioritized.py SAC=sac.py BC=bc_offline.py
+DQN=dqn_prioritized.py SAC=sac.py BC=bc_offline.py APEX=apex_dqn.py
 MUJOCO=(--total-timesteps 100000)  # the defaults a user gets with only --env-id (issue 11)
 MEDIUM=data/halfcheetah-sac-medium.hdf5
 case "$MODE" in
@@ -302,6 +309,22 @@ PY
     done
     seeds minatar dqn-uniform-1step Breakout $DQN --env-id MinAtar/Breakout-v1 --preset minatar \
       --no-prioritized --n-step 1
+    ;;
+  apex)
+    NSEEDS=${SEEDS:-3} JOBS=1  # timings: one process tree at a time
+    mkdir -p "$RUNS/apex"
+    for tool in replay_placement costs; do
+      side="$RUNS/apex/${tool//_/-}.json"
+      if [ -n "$FORCE" ] || [ ! -s "$side" ]; then
+        echo "measure $tool"
+        "$PYTHON" "tools/apex_$tool.py" --out "$side"
+      fi
+    done
+    for actors in 1 2 4; do
+      seeds apex "actors$actors-free" CartPole-v1 $APEX --num-actors "$actors" --train-frequency 0
+    done
+    seeds apex actors2-default CartPole-v1 $APEX --num-actors 2
+    seeds apex dqn-prioritized CartPole-v1 $DQN
     ;;
 esac
 wait

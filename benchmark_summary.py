@@ -74,6 +74,7 @@ class Run:
     updates_per_second: Optional[float] = None
     wall_seconds: Optional[float] = None  # the time the run's processes ran (event files)
     train_last100: Optional[float] = None  # mean return of its last 100 training episodes
+    apex: Dict[str, float] = field(default_factory=dict)  # Ape-X: medians of its perf tags over log windows
 
     @property
     def final(self) -> Optional[float]:
@@ -151,6 +152,22 @@ def read_last_training_returns(run_dir: str, last: int = 100) -> Optional[float]
     return float(np.mean(returns[-last:])) if returns else None
 
 
+APEX_TAGS = ("perf/learner_wait_fraction", "perf/replay_ratio", "apex/param_lag", "apex/actor_restarts")
+
+
+def read_medians(run_dir: str, tags) -> Dict[str, float]:
+    """The median over log windows of each of `tags` that the run's event files hold."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: Dict[str, List[float]] = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in set(tags) & set(acc.Tags()["scalars"]):
+            values.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    return {tag: statistics.median(v) for tag, v in values.items() if v}
+
+
 def exit_status(stem: str) -> Optional[int]:
     try:
         with open(stem + ".exit") as f:
@@ -184,6 +201,8 @@ def load_run(stem: str, root: str) -> Run:
     run.env_sps, run.learning_sps, run.updates_per_second, run.wall_seconds = read_throughput(stem)
     if suite == "minatar":
         run.train_last100 = read_last_training_returns(stem)
+    if suite == "apex":
+        run.apex = read_medians(stem, APEX_TAGS)
     return run
 
 
@@ -279,6 +298,36 @@ def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     return lines
 
 
+def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
+    """Ape-X against the number of actors, beside dqn_prioritized.py on the same task: medians over
+    seeds of each run's whole-run env steps/s and of its log windows' updates/s, learner wait
+    fraction (time waiting for a batch over learning time), replay ratio and parameter lag."""
+    lines = [
+        "| config | task | final eval (mean ± std) | env steps/s | updates/s | learner wait fraction "
+        "| replay ratio (samples per env step) | parameter lag (SGD steps) | wall per run | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    for (config, task), runs in sorted(groups.items()):
+        ok = [r for r in runs if r.status == "ok"]
+        final = [r.final for r in ok]
+        row = [
+            f"{np.mean(final):.1f} ± {np.std(final):.1f}" if final else "-",
+            fmt(median(r.env_sps for r in ok), 0),
+            fmt(median(r.updates_per_second for r in ok), 0),
+            fmt(median(r.apex.get("perf/learner_wait_fraction") for r in ok), 3),
+            fmt(median(r.apex.get("perf/replay_ratio") for r in ok), 1),
+            fmt(median(r.apex.get("apex/param_lag") for r in ok), 0),
+            fmt(median(r.wall_seconds for r in ok), 1) + " s" if ok else "-",
+        ]
+        lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {len(ok)}/{len(runs)} |")
+    return lines
+
+
 def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     lines = [
         "| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
@@ -329,9 +378,15 @@ def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> O
             continue
         curves = [dict(r.curve) for r in ok]
         steps = sorted(set.intersection(*map(set, curves)))  # evaluated by every seed
+        values = np.array([[curve[s] for s in steps] for curve in curves])
+        shortest = min(len(r.curve) for r in ok)
+        if len(steps) < shortest:
+            # Evaluations at steps that differ between seeds (Ape-X counts env steps by whole
+            # chunks): the i-th evaluations of the seeds together, at the mean of their steps.
+            steps = [float(np.mean([r.curve[i][0] for r in ok])) for i in range(shortest)]
+            values = np.array([[v for _, v in r.curve[:shortest]] for r in ok])
         if not steps:
             continue
-        values = np.array([[curve[s] for s in steps] for curve in curves])
         mean, std = values.mean(axis=0), values.std(axis=0)
         ax.plot(steps, mean, label=f"{config} ({len(ok)} seeds)")
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
@@ -396,8 +451,42 @@ def describe_prefetch(p: dict) -> List[str]:
     ]
 
 
-# Files that benchmark.sh writes into a suite's folder besides the runs (speed; atari).
+def describe_replay_placement(p: dict) -> List[str]:
+    lines = [
+        f"Where Ape-X's replay lives ({p['date']}, Ray {p['ray']}; median per call):",
+        "",
+        "| rows | sample K x B: in the learner | a Ray actor | add a 50-row chunk: in the learner | a Ray actor |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in p["results"]:
+        lines.append(
+            f"| {r['case']} | {r['sample_in_learner_us'] / 1000:.2f} ms ({r['K']} x {r['B']}) | "
+            f"{r['sample_ray_actor_us'] / 1000:.2f} ms | {r['add_in_learner_us'] / 1000:.2f} ms | "
+            f"{r['add_ray_actor_us'] / 1000:.2f} ms |"
+        )
+    return lines + [""]
+
+
+def describe_costs(p: dict) -> List[str]:
+    lines = [
+        f"One Ape-X actor and one learner update alone ({p['date']}, {p['device']}), and the actors a "
+        "learner keeps up with at a replay ratio R (a projection):",
+        "",
+        "| task | one actor, env steps/s | learner updates/s (batch) | R | actors |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in p["results"]:
+        lines.append(
+            f"| {r['env_id']} | {r['actor_env_steps_per_s']:,.0f} | {r['learner_updates_per_s']:,.1f} "
+            f"({r['batch_size']}) | {r['replay_ratio']} | {r['actors_the_learner_keeps_up_with']:.2f} |"
+        )
+    return lines + [""]
+
+
+# Files that benchmark.sh writes into a suite's folder besides the runs (speed; atari; apex).
 SIDE_FILES = {
+    "replay-placement.json": describe_replay_placement,
+    "costs.json": describe_costs,
     "bc-pipeline.json": describe_bc_pipeline,
     "replay-memory.jsonl": describe_replay_memory,
     "prefetch.json": describe_prefetch,
@@ -424,7 +513,8 @@ def write_summary(root: str, out_dir: str) -> str:
         groups: Dict[Tuple[str, str], List[Run]] = {}
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
-        lines += [f"## {suite}", ""] + (minatar_table(groups) if suite == "minatar" else table(suite, groups)) + [""]
+        tables = {"minatar": minatar_table, "apex": apex_table}
+        lines += [f"## {suite}", ""] + (tables[suite](groups) if suite in tables else table(suite, groups)) + [""]
         for name, describe in SIDE_FILES.items():  # measurements benchmark.sh writes beside the runs
             path = os.path.join(root, suite, name)
             if os.path.exists(path):

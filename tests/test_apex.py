@@ -141,6 +141,32 @@ def test_replay_checkpoint_round_trip_and_fifo():
         copy.load_state_dict(bad, "bad.npz")
 
 
+def test_replay_samples_by_the_actors_priorities():
+    """Inserted at the actors' |delta| (not at the max priority): slot frequencies follow
+    (p + eps)^alpha / sum, and the IS weights are (N P(i))^-beta over their minibatch's largest."""
+    alpha, beta, eps = 0.6, 0.4, 1e-6
+    replay = apex.PrioritizedReplay(30, (1,), np.float32, alpha, eps)
+    priorities = np.linspace(0.05, 3.0, 30)
+    for start in (0, 10, 20):
+        rows = {
+            "obs": np.arange(start, start + 10, dtype=np.float32)[:, None],  # obs = slot, to read back
+            "action": np.zeros(10, np.int64),
+            "reward": np.zeros(10, np.float32),
+            "next_obs": np.zeros((10, 1), np.float32),
+            "discount": np.ones(10, np.float32),
+        }
+        replay.add(rows, priorities[start : start + 10])
+    replay.beta = beta
+    batch, indexes, _ = replay.sample(32, 1000)
+    np.testing.assert_array_equal(batch["obs"][:, 0].astype(np.int64), indexes)
+    p = (priorities + eps) ** alpha
+    expected = p / p.sum()
+    counts = np.bincount(indexes, minlength=30) / len(indexes)
+    np.testing.assert_allclose(counts, expected, rtol=0.15)
+    w = (30 * expected[indexes[:32]]) ** -beta
+    np.testing.assert_allclose(batch["weights"][:32], w / w.max(), rtol=1e-4)
+
+
 def test_import_has_no_side_effects():
     out = import_in_fresh_process("apex_dqn")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
@@ -158,13 +184,27 @@ def run_script(*flags, timeout=600, env=RAY_ENV):
 
 
 def test_two_actors_solve_cartpole(tmp_path):
-    out = run_script("--num-actors", "2", "--run-dir", str(tmp_path))  # the default budget, 100k steps
+    # Laid out as benchmark.sh lays out its runs, so that the summary's Ape-X table reads it back.
+    run = tmp_path / "apex" / "actors2" / "CartPole-v1" / "seed1"
+    out = run_script("--num-actors", "2", "--run-dir", str(run))  # the default budget, 100k steps
     assert out.returncode == 0, out.stderr[-3000:]
     final = [line for line in out.stdout.splitlines() if line.startswith("final eval")]
     assert final and float(final[0].split(":")[1].split()[0]) >= 475, out.stdout[-3000:]
-    actors = json.load(open(tmp_path / "actors.json"))
+    actors = json.load(open(run / "actors.json"))
     assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**8])  # as the actors report it
     assert len({a["pid"] for a in actors}) == 2 and all(a["restarts"] == 0 for a in actors)
+
+    (tmp_path / "apex" / "actors2" / "CartPole-v1" / "seed1.exit").write_text("0\n")
+    sys.path.insert(0, ROOT)
+    import benchmark_summary
+
+    row = [line for line in benchmark_summary.apex_table(
+        {("actors2", "CartPole-v1"): [benchmark_summary.load_run(str(run), str(tmp_path))]}
+    ) if line.startswith("| actors2")][0].split("|")  # fmt: skip
+    assert float(row[3].split("±")[0]) == pytest.approx(float(final[0].split(":")[1].split()[0]), abs=0.06)
+    medians = benchmark_summary.read_medians(str(run), benchmark_summary.APEX_TAGS)
+    assert 0 <= medians["perf/learner_wait_fraction"] < 1 and 50 < medians["perf/replay_ratio"] < 80
+    assert float(row[7].replace(",", "")) == pytest.approx(medians["perf/replay_ratio"], abs=0.06)
 
 
 def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
