@@ -80,8 +80,8 @@ Outputs (runs/<env_id>__apex_dqn__<seed>__<unix_time>/)
   replay/beta, replay/priority_max, replay/size, perf/updates_per_second,
   perf/learner_wait_fraction, perf/replay_ratio, apex/actor_restarts, apex/param_lag (learner SGD
   steps since the parameters a chunk was acted with); checkpoint.npz (latest, atomic) and
-  model.npz (final parameters), readable by algos/dqn_prioritized.py --eval-only only if the
-  networks match; a plain console line every 10 --log-every.
+  model.npz (final parameters), arrays and JSON read without pickle; a plain console line every
+  10 --log-every.
 """
 
 from __future__ import annotations
@@ -116,7 +116,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import ray
 import rlax
 import tyro
 
@@ -158,7 +157,7 @@ class Args:
     rmsprop_eps: float = 0.01
     """RMSProp: added to the root of the centred second moment"""
     anneal_lr: bool = True
-    """decay the learning rate linearly to 0 over the SGD steps the run is expected to make"""
+    """decay the learning rate linearly to 0 over --total-timesteps (env steps received)"""
     max_grad_norm: float = 10.0
     """clip the global gradient norm to this value"""
     batch_size: int = 128
@@ -367,9 +366,12 @@ class NStepAssembler:
             ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
             parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
             self.pending[ended] = 0
-        if not parts:
-            return None
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return concat(parts) if parts else None
+
+
+def concat(parts: list) -> dict:
+    """Dicts of arrays joined key by key."""
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
 class PrioritizedReplay:
@@ -429,7 +431,7 @@ class PrioritizedReplay:
                 # cpprb returns indexes and weights in arrays that its next sample() overwrites.
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
-            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+            batch = concat(draws)
             indexes = batch.pop("indexes")
             stamps = self.write_count[indexes]
         batch["action"] = batch["action"].reshape(-1)
@@ -508,16 +510,14 @@ class TrainState(NamedTuple):
     sgd_steps: jax.Array
 
 
-def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
-    lr = (
-        optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
-        if args.anneal_lr
-        else args.learning_rate
-    )
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """The update's direction, without its step size: the learner's pace is not tied to the env
+    steps (it runs free, or waits for data), so the learning rate, annealed over env steps as
+    beta is, is an input of each update call (make_update) rather than a schedule of SGD steps."""
     if args.optimizer == "rmsprop":  # centred RMSProp, eps outside the root
-        step = optax.rmsprop(lr, decay=args.rmsprop_decay, eps=args.rmsprop_eps, centered=True, eps_in_sqrt=False)
+        step = optax.scale_by_stddev(decay=args.rmsprop_decay, eps=args.rmsprop_eps, eps_in_sqrt=False)
     else:
-        step = optax.adam(lr, eps=args.adam_eps)
+        step = optax.scale_by_adam(eps=args.adam_eps)
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), step)
 
 
@@ -541,29 +541,29 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
 
 
 def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call (a
-    lax.scan, or unrolled for convolutions on CPU, which XLA runs slower inside a loop)."""
+    """jit(state, batches[K, B, ...], lr) -> (state, metrics, |TD|[K, B]): K SGD steps in one call
+    (a lax.scan, or unrolled for convolutions on CPU, which XLA runs slower inside a loop)."""
 
-    def sgd_step(state: TrainState, batch: dict):
+    def sgd_step(state: TrainState, batch: dict, lr):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
         (loss, (td, q_mean)), grads = grad_fn(q_apply, state.params, state.target_params, batch, args.huber_delta)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        direction, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, jax.tree_util.tree_map(lambda d: -lr * d, direction))
         sgd_steps = state.sgd_steps + 1
         target_params = optax.periodic_update(params, state.target_params, sgd_steps, args.target_network_frequency)
         # Non-finite new parameters report NaN priorities: the priority writer stops the run.
         td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
         return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
 
-    def update(state: TrainState, batches: dict):
+    def update(state: TrainState, batches: dict, lr):
         if unroll:
             steps = []
             for k in range(batches["action"].shape[0]):
-                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x, k=k: x[k], batches))
+                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x, k=k: x[k], batches), lr)
                 steps.append(out)
             loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
         else:
-            state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
+            state, (loss, q_mean, td) = jax.lax.scan(lambda st, b: sgd_step(st, b, lr), state, batches)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     return jax.jit(update, donate_argnums=0)
@@ -613,6 +613,8 @@ class Actor:
 
     def __init__(self, args: Args, index: int, num_actors: int, seed: int):
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # tiny calls: see dqn_prioritized.py
+        if restarted_by_ray():  # a new process for one that died: not the same episodes and draws again
+            seed = int(np.random.SeedSequence([seed, os.getpid()]).generate_state(1)[0] % 2**31)
         self.args, self.index = args, index
         self.epsilon = actor_epsilon(index, num_actors, args.actor_epsilon_base, args.actor_epsilon_alpha)
         self.envs = make_env(args.env_id, args.num_envs, args.max_episode_frames)
@@ -634,7 +636,11 @@ class Actor:
         args, reported = self.args, self.steps * self.args.num_envs
         if self.since_sync >= args.param_sync_every:  # copy the learner's parameters
             params = latest[0]
-            self.version, self.params = ray.get(params) if isinstance(params, ray.ObjectRef) else params
+            if not isinstance(params, tuple):  # a Ray reference: fetched only now
+                import ray
+
+                params = ray.get(params)
+            self.version, self.params = params
             self.since_sync = 0
         online, target = self.params
         parts, rows, episodes = [], 0, []
@@ -660,7 +666,7 @@ class Actor:
             self.obs = next_obs
             self.steps += 1
             self.since_sync += 1
-        chunk = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        chunk = concat(parts)
         padded = {key: np.resize(v, (self.padded,) + v.shape[1:]) for key, v in chunk.items()}
         td, _ = self.td(online, target, padded)
         return {
@@ -692,8 +698,7 @@ def train(args: Args) -> dict:
     num_actions, obs_space = int(probe.single_action_space.n), probe.single_observation_space
     probe.close()
     network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(obs_space), dueling=args.dueling)
-    expected_sgd = (args.total_timesteps - args.learning_starts) // max(args.train_frequency, 1)
-    optimizer = make_optimizer(args, expected_sgd)
+    optimizer = make_optimizer(args)
     key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
     state = init_train_state(network, optimizer, obs_space.shape, init_key)
     replay = PrioritizedReplay(
@@ -707,6 +712,7 @@ def train(args: Args) -> dict:
     # threads, evaluations and checkpoints: Part 2. The loop below is the learner.
     run = Run(args, env_fn, replay, act)
     state, key = run.restore(state, key)
+    lr_end = 0.0 if args.anneal_lr else args.learning_rate
     with run:
         run.start_actors(state)
         while run.global_step < args.total_timesteps and not run.stopped:
@@ -719,8 +725,9 @@ def train(args: Args) -> dict:
             # on another thread.
             for _ in range(run.update_calls_due()):
                 replay.beta = linear_schedule(args.per_beta0, args.per_beta1, args.total_timesteps, run.global_step)
+                lr = linear_schedule(args.learning_rate, lr_end, args.total_timesteps, run.global_step)
                 batches, indexes, stamps = run.next_batches()
-                state, metrics, priorities = update(state, batches)
+                state, metrics, priorities = update(state, batches, np.float32(lr))
                 run.learned(state, metrics, indexes, stamps, priorities)
 
             run.log_if_due()
@@ -866,7 +873,7 @@ def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> g
         minatar.gym.register_envs()
     try:
         probe = gym.make(env_id)
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError, AttributeError) as e:  # 'module:Env' ids import a module
         raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     try:
         action_space, space = probe.action_space, probe.observation_space
@@ -944,6 +951,14 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> n
 def start_ray(args: Args) -> bool:
     """Join --ray-address, or start a local Ray on this machine only; True if this process started
     (and must stop) it. A Ray already initialised in this process (a notebook, a test) is used."""
+    if args.ray_address is None and "ray" not in sys.modules:
+        # Ray gives a node the address other machines reach it at, even a local instance, and binds
+        # its servers there; with this variable, which Ray reads when it is first imported, the node
+        # address is the loopback one and nothing listens beyond this machine (Ray's own switch for
+        # laptops). So ray is imported inside the functions that use it, never at the top.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
     if ray.is_initialized():
         return False
     if args.ray_address is not None:
@@ -951,29 +966,46 @@ def start_ray(args: Args) -> bool:
         try:
             ray.init(address=args.ray_address, include_dashboard=False, configure_logging=False)
         except Exception as e:  # Ray raises several kinds (ConnectionError, ValueError, ...)
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if os.environ.get("RAY_AUTH_MODE") != "token":  # Ray's default for clusters since 2.5x
-                reason += "; a cluster with token authentication also needs RAY_AUTH_MODE=token"
+            reason = first_line(e)
+            if "Failed to connect" in reason and os.environ.get("RAY_AUTH_MODE") != "token":
+                reason += "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token"
             raise ConfigError(f"--ray-address {args.ray_address}: cannot join a Ray cluster there ({reason})") from None
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < resolved_actors(args):  # each actor asks for one: the rest would wait for ever
+            ray.shutdown()
+            raise ConfigError(f"--num-actors {resolved_actors(args)}, but the cluster has {cpus:g} CPUs")
         return False
-    # Ray gives a node the address other machines reach it at, even for a local instance, and
-    # binds its servers there; with this variable its node address is the loopback one, so that
-    # nothing listens beyond this machine (Ray's own switch for laptops).
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         # Ray starts its servers with fork + exec, about which Python warns once jax has threads;
         # the exec follows at once, so no thread state is inherited.
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         ray.init(
+            address="local",  # a new Ray, even where RAY_ADDRESS names another
             # Every actor must be scheduled even beyond the cores (an oversubscribed laptop run).
             num_cpus=max(os.cpu_count() or 1, resolved_actors(args) + 1),
             include_dashboard=False,
             configure_logging=False,
         )
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RunFailed(f"could not start a local Ray ({reason})") from None
+        raise RunFailed(f"could not start a local Ray ({first_line(e)})") from None
     return True
+
+
+def node_address() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def restarted_by_ray() -> bool:
+    """Whether this process is a Ray actor that Ray started again after its process died."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    with warnings.catch_warnings():  # Ray 2.60 warns about its own deprecated actor_id inside this
+        warnings.simplefilter("ignore")
+        return ray.get_runtime_context().was_current_actor_reconstructed
 
 
 def reachable(address: str, timeout: float = 10.0) -> None:
@@ -1002,6 +1034,8 @@ def remote_actor_class():
     a request in flight when it died fails (max_task_retries=0) and the learner sends a new one.
     Actors act on the CPU, one XLA thread each: the learner keeps the accelerator, and many actors
     share a node's cores."""
+    import ray
+
     if __name__ != "__main__":
         # Imported as a module (tests, a user's code): send the code to the workers by value, as
         # Ray does for a script, so that they need not find this file on their path.
@@ -1010,12 +1044,13 @@ def remote_actor_class():
     return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, runtime_env={"env_vars": env})(Actor)
 
 
-ACTOR_COMEBACK_S = 120  # seconds an actor may stay down before the run gives up on it
+ACTOR_COMEBACK_S = 120  # seconds an actor may send nothing (down, or never placed) before the run ends
 
 
 def first_line(error: BaseException) -> str:
+    """The first line of an error's message (of its cause, for an error Ray passes on)."""
     text = str(getattr(error, "cause", None) or error).strip()
-    return text.splitlines()[-1] if text else type(error).__name__
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1178,7 +1213,10 @@ class Run:
         self.run_dir = args.run_dir or os.path.join(
             "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
         )
-        os.makedirs(self.run_dir, exist_ok=True)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot make the run folder {self.run_dir} ({e.strerror or e})") from None
         for name in os.listdir(self.run_dir):  # a write that a kill cut short
             if ".tmp." in name:
                 os.remove(os.path.join(self.run_dir, name))
@@ -1200,29 +1238,33 @@ class Run:
     # -- the actors ------------------------------------------------------------------------------
 
     def start_actors(self, state: TrainState) -> None:
-        """Start Ray (or join it) and the actors, and send each its first request. The seeds move
-        with the step, so that a resumed run does not replay the episodes it began with."""
+        """Start the actors (Ray was started by `with run:`) and send each its first request. The
+        seeds move with the step, so that a resumed run does not replay the episodes it began with."""
         args = self.args
-        self.own_ray = start_ray(args)
         n = resolved_actors(args)
         remote = remote_actor_class()
         seed = args.seed + self.global_step
         self.actors = [remote.remote(args, i, n, seed + 10_007 * i) for i in range(n)]
+        now = time.monotonic()
+        # epsilon and pid as each actor reports them with its chunks
         self.info = [
-            {"epsilon": actor_epsilon(i, n, args.actor_epsilon_base, args.actor_epsilon_alpha)} for i in range(n)
+            dict(epsilon=None, pid=None, restarts=0, down_since=None, retry_at=None, heard=now) for _ in range(n)
         ]
-        for entry in self.info:
-            entry.update(pid=None, restarts=0, down_since=None, retry_at=None)
         self.publish(state)
         for i in range(n):
             self.request(i)
-        print(f"{n} actors on Ray ({'local, 127.0.0.1' if self.own_ray else args.ray_address or 'given'})", flush=True)
+        where = f"local, {node_address()}" if self.own_ray else args.ray_address or "already running"
+        print(f"{n} actors on Ray ({where})", flush=True)
 
     def publish(self, state: TrainState) -> None:
-        """Put the newest parameters in Ray's object store, once per learner update, for the
-        requests sent from now on (an actor fetches them only when its sync is due)."""
+        """Put the newest parameters in Ray's object store for the requests sent from now on (an
+        actor fetches them only when its sync is due). Once per round of actor syncs
+        (--param-sync-every steps of every actor), not per update: each request in flight holds
+        the copy it was sent with, so publishing more often would keep up to one copy per actor."""
+        import ray
+
         self.published = [ray.put((self.sgd_done, jax.device_get((state.params, state.target_params))))]
-        self.published_at = self.sgd_done
+        self.published_step = self.global_step
 
     def request(self, i: int) -> None:
         self.pending[self.actors[i].collect.remote(self.published)] = i
@@ -1230,18 +1272,21 @@ class Run:
     def arrived_chunks(self, state: TrainState) -> list:
         """The chunks that have arrived, each actor sent its next request first. When there is
         nothing to learn yet, waits (up to 0.1 s) for one, instead of spinning."""
-        if self.published_at != self.sgd_done:
+        import ray
+
+        args = self.args
+        if self.global_step - self.published_step >= args.param_sync_every * args.num_envs * len(self.actors):
             self.publish(state)
         now = time.monotonic()
-        for i, entry in enumerate(self.info):  # actors coming back after a restart
-            if entry["retry_at"] is not None and entry["retry_at"] <= now:
+        for i, entry in enumerate(self.info):
+            if entry["retry_at"] is not None and entry["retry_at"] <= now:  # coming back after a restart
                 entry["retry_at"] = None
                 self.request(i)
-        if not self.pending:
+        ready = []
+        if self.pending:
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.0 if self.update_calls_due() else 0.1)
+        else:
             time.sleep(0.1)
-            return []
-        wait = 0.0 if self.update_calls_due() else 0.1
-        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=wait)
         if ready:  # and whatever else is ready by now
             ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
         chunks = []
@@ -1249,34 +1294,37 @@ class Run:
             i = self.pending.pop(ref)
             try:
                 chunk = ray.get(ref)
-            except ray.exceptions.ActorUnavailableError as e:  # its process died; Ray is starting a new one
-                self.actor_down(i, e)
+            except ray.exceptions.RayActorError as e:
+                if getattr(e, "actor_init_failed", False):  # its __init__ raised: restarting will not help
+                    raise RunFailed(f"actor {i} failed to start: {first_line(e)}") from None
+                self.actor_down(i, e)  # its process died; Ray is starting a new one
                 continue
-            except ray.exceptions.ActorDiedError as e:  # for good: it failed to start, or Ray gave up on it
-                raise RunFailed(f"actor {i} died and was not restarted: {first_line(e)}") from None
             except ray.exceptions.RayTaskError as e:  # an exception inside collect(): a bug, not a fault
                 raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
+            except ray.exceptions.RayError as e:  # Ray itself: a lost object, a node gone, out of memory
+                raise RunFailed(f"Ray failed while getting actor {i}'s chunk: {first_line(e)}") from None
             self.request(i)
             self.actor_up(i, chunk)
             self.count(chunk)
             chunks.append(chunk)
+        for i, entry in enumerate(self.info):
+            if now - entry["heard"] > ACTOR_COMEBACK_S:  # down, or never placed (a cluster short of CPUs)
+                raise RunFailed(f"actor {i} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
         return chunks
 
     def actor_down(self, i: int, error: BaseException) -> None:
         """A request to actor i failed because its process is gone: ask again in a moment (a
-        request sent while Ray restarts it fails too), and give up after ACTOR_COMEBACK_S."""
-        entry, now = self.info[i], time.monotonic()
+        request sent while Ray restarts it fails too)."""
+        entry = self.info[i]
         if entry["down_since"] is None:
-            entry["down_since"] = now
+            entry["down_since"] = time.monotonic()
             print(f"actor {i} is down ({first_line(error)}); Ray restarts it, its unsent chunk is lost", flush=True)
-        elif now - entry["down_since"] > ACTOR_COMEBACK_S:
-            raise RunFailed(f"actor {i} has not come back for {ACTOR_COMEBACK_S} s: {first_line(error)}")
-        entry["retry_at"] = now + 0.5
+        entry["retry_at"] = time.monotonic() + 0.5
 
     def actor_up(self, i: int, chunk: dict) -> None:
         """A chunk from actor i: a process id not seen before (after the first) is a restart."""
         entry = self.info[i]
-        entry["down_since"] = None
+        entry.update(down_since=None, heard=time.monotonic())
         if entry["pid"] != chunk["pid"]:
             if entry["pid"] is not None:
                 entry["restarts"] += 1
@@ -1399,6 +1447,9 @@ class Run:
 
     def __enter__(self):
         try:
+            # Ray first: ray.init sets a SIGTERM handler of its own (which exits at once), ours
+            # must come after it so that a SIGTERM still ends the run with a checkpoint.
+            self.own_ray = start_ray(self.args)
             self.stop.__enter__()
         except BaseException:
             self.close()
@@ -1415,12 +1466,15 @@ class Run:
             self.prefetcher.close()
         if self.writer is not None:
             self.writer.close()
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors, self.pending = [], {}
-        if self.own_ray:
-            ray.shutdown()
-            self.own_ray = False
+        if self.actors or self.own_ray:
+            import ray
+
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            self.actors, self.pending = [], {}
+            if self.own_ray:
+                ray.shutdown()
+                self.own_ray = False
 
     def finish(self, state: TrainState, key) -> dict:
         """The last checkpoint; then, unless a signal stopped the run, model.npz and the final

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import jax
 import numpy as np
 import pytest
@@ -18,9 +19,11 @@ from helpers import ROOT, import_in_fresh_process, load_script
 
 apex = load_script("apex_dqn")
 SCRIPT = os.path.join(ROOT, "algos", "apex_dqn.py")
-# The local Ray must bind to the loopback address only; the script sets this itself, and the
-# test's own `ray start` needs it too.
-RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# The script binds its local Ray to the loopback address itself (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0,
+# set before it imports ray): its runs get an environment without the variable, to show it.
+RAY_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+# The test's own `ray start` cluster, on the loopback address too.
+HEAD_ENV = {**RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def small_args(**overrides):
@@ -48,14 +51,17 @@ def two_networks(args, obs_dim=4, actions=2):
 def test_actor_chunk_is_what_the_env_did():
     """With n = 1 and one env the rows come in step order: replaying their actions in a fresh env
     with the actor's seed must meet every obs, reward, real final observation and terminal."""
-    args = small_args(n_step=1, gamma=0.9)
+    # CartPole cut at 12 steps: episodes end both ways, by termination and by truncation.
+    if "ShortCartPole-v1" not in gym.registry:
+        gym.register("ShortCartPole-v1", "gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+    args = small_args(n_step=1, gamma=0.9, env_id="ShortCartPole-v1")
     online, target = two_networks(args)
-    actor = apex.Actor(args, index=0, num_actors=2, seed=123)  # epsilon 0.4: episodes end often
+    actor = apex.Actor(args, index=0, num_actors=2, seed=123)  # epsilon 0.4
     rows = [actor.collect([(0, (online, target))])["transitions"] for _ in range(8)]
     rows = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     envs = apex.make_env(args.env_id, 1)
     obs = apex.seed_envs(envs, 123)
-    ends = 0
+    ends = {"terminated": 0, "truncated": 0}
     for t in range(len(rows["action"])):
         np.testing.assert_array_equal(rows["obs"][t], obs[0])
         obs, reward, terminated, truncated, info = envs.step(rows["action"][t : t + 1])
@@ -63,9 +69,10 @@ def test_actor_chunk_is_what_the_env_did():
         real = apex.real_next_obs(obs, done, info)
         np.testing.assert_array_equal(rows["next_obs"][t], real[0])
         assert rows["reward"][t] == reward[0]
-        assert rows["discount"][t] == pytest.approx(0.0 if terminated[0] else 0.9)
-        ends += int(done[0])
-    assert ends >= 3  # the comparison crossed episode ends
+        assert rows["discount"][t] == pytest.approx(0.0 if terminated[0] else 0.9)  # truncation bootstraps
+        ends["terminated"] += int(terminated[0])
+        ends["truncated"] += int(truncated[0] and not terminated[0])
+    assert min(ends.values()) >= 3, ends  # the comparison crossed both kinds of episode ends
 
 
 def test_actor_priorities_are_double_q_td_errors():
@@ -167,6 +174,50 @@ def test_replay_samples_by_the_actors_priorities():
     np.testing.assert_allclose(batch["weights"][:32], w / w.max(), rtol=1e-4)
 
 
+def test_stale_priorities_do_not_land_on_new_rows():
+    replay = apex.PrioritizedReplay(8, (1,), np.float32, 0.6, 1e-6)
+
+    def rows(value):
+        return {
+            "obs": np.full((4, 1), value, np.float32),
+            "action": np.zeros(4, np.int64),
+            "reward": np.zeros(4, np.float32),
+            "next_obs": np.zeros((4, 1), np.float32),
+            "discount": np.ones(4, np.float32),
+        }
+
+    replay.add(rows(0), np.ones(4))
+    replay.add(rows(1), np.ones(4))
+    _, indexes, stamps = replay.sample(8, 1)
+    replay.add(rows(2), np.full(4, 5.0))  # overwrites slots 0-3 (FIFO)
+    kept = replay.update_priorities(indexes, stamps, np.full(len(indexes), 9.0))
+    assert kept == int((indexes >= 4).sum())
+    np.testing.assert_array_equal(replay.priority[:4], 5.0)  # the actor's, not the stale 9
+    assert set(replay.priority[4:][np.isin(np.arange(4, 8), indexes)]) <= {9.0}
+
+
+def test_loss_is_the_is_weighted_huber_of_double_q_errors():
+    args = small_args()
+    online, target = two_networks(args)
+    rng = np.random.default_rng(3)
+    batch = {
+        "obs": rng.normal(size=(16, 4)).astype(np.float32),
+        "next_obs": rng.normal(size=(16, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, 16),
+        "reward": rng.normal(size=16).astype(np.float32) * 3,
+        "discount": rng.choice([0.0, 0.97], 16).astype(np.float32),
+        "weights": rng.random(16).astype(np.float32),
+    }
+    network = apex.QNetwork(2, args.hidden_sizes)
+    loss, (td, _) = apex.double_q_loss(network.apply, online, target, batch, 1.0)
+    a_star = numpy_q(online, batch["next_obs"]).argmax(axis=1)
+    y = batch["reward"] + batch["discount"] * numpy_q(target, batch["next_obs"])[np.arange(16), a_star]
+    delta = y - numpy_q(online, batch["obs"])[np.arange(16), batch["action"]]
+    huber = np.where(np.abs(delta) <= 1.0, 0.5 * delta**2, np.abs(delta) - 0.5)
+    np.testing.assert_allclose(np.asarray(td), delta, rtol=1e-4, atol=1e-5)
+    assert float(loss) == pytest.approx(float(np.mean(batch["weights"] * huber)), rel=1e-4)
+
+
 def test_import_has_no_side_effects():
     out = import_in_fresh_process("apex_dqn")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
@@ -190,6 +241,7 @@ def test_two_actors_solve_cartpole(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     final = [line for line in out.stdout.splitlines() if line.startswith("final eval")]
     assert final and float(final[0].split(":")[1].split()[0]) >= 475, out.stdout[-3000:]
+    assert "2 actors on Ray (local, 127.0.0.1)" in out.stdout  # bound to the loopback address only
     actors = json.load(open(run / "actors.json"))
     assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**8])  # as the actors report it
     assert len({a["pid"] for a in actors}) == 2 and all(a["restarts"] == 0 for a in actors)
@@ -204,6 +256,7 @@ def test_two_actors_solve_cartpole(tmp_path):
     assert float(row[3].split("±")[0]) == pytest.approx(float(final[0].split(":")[1].split()[0]), abs=0.06)
     medians = benchmark_summary.read_medians(str(run), benchmark_summary.APEX_TAGS)
     assert 0 <= medians["perf/learner_wait_fraction"] < 1 and 50 < medians["perf/replay_ratio"] < 80
+    assert 0 < medians["apex/param_lag"] < 500  # the actors act with recent parameters
     assert float(row[7].replace(",", "")) == pytest.approx(medians["perf/replay_ratio"], abs=0.06)
 
 
@@ -239,21 +292,38 @@ def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
     assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**4.5, 0.4**8])
 
 
-def test_resume_continues_the_learner_and_its_replay(tmp_path):
-    flags = ["--num-actors", "2", "--run-dir", str(tmp_path), "--eval-every", "5000"]
-    first = run_script(*flags, "--total-timesteps", "8000")
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_sigterm_checkpoints_and_resume_continues(tmp_path):
+    """SIGTERM to the learner: a checkpoint and exit 143 (Ray's own SIGTERM handler, set when it
+    starts, must not win); --resume then continues the learner and its replay to a larger budget."""
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--num-actors", "2", "--total-timesteps", "400000", "--run-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=RAY_ENV,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "eval.csv").exists():  # past 10k steps
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert f"continue with --resume {tmp_path}" in stdout
     meta, arrays = apex.load_npz(str(tmp_path / "checkpoint.npz"))
-    rows, sgd = len(arrays["replay/priority"]), int(arrays["train_state/sgd_steps"])
-    assert rows >= 8000 - 2 * 50 and sgd > 0
-    second = run_script("--resume", str(tmp_path), "--total-timesteps", "14000")
+    rows, sgd, step = len(arrays["replay/priority"]), int(arrays["train_state/sgd_steps"]), meta["global_step"]
+    assert step >= 10_000 and rows >= step - 2 * 50 and sgd > 0
+    second = run_script("--resume", str(tmp_path), "--total-timesteps", str(step + 6000))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resumed {tmp_path} at step {meta['global_step']} ({sgd} SGD steps, {rows} rows)" in second.stdout
+    assert f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows)" in second.stdout
     meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"))
-    assert meta2["global_step"] >= 14000 and int(arrays2["train_state/sgd_steps"]) > sgd
+    assert meta2["global_step"] >= step + 6000 and int(arrays2["train_state/sgd_steps"]) > sgd
     assert len(arrays2["replay/priority"]) >= rows
     steps = [int(line.split(",")[0]) for line in open(tmp_path / "eval.csv").read().split()[1:]]
-    assert steps == sorted(steps) and steps[-1] >= 14000
+    assert steps == sorted(steps) and steps[-1] >= step + 6000
 
 
 def test_joins_a_running_ray(tmp_path):
@@ -261,7 +331,7 @@ def test_joins_a_running_ray(tmp_path):
     port = "6391"
     # Token authentication, Ray's default for a cluster once a token exists, with a token of the
     # test's own (not ~/.ray/auth_token, which a fresh machine does not have).
-    token_env = {**RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    token_env = {**HEAD_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     start = subprocess.run(
         [ray_bin, "start", "--head", "--port", port, "--num-cpus", "3", "--include-dashboard=false"],
         capture_output=True,
@@ -272,7 +342,7 @@ def test_joins_a_running_ray(tmp_path):
     try:
         assert start.returncode == 0, start.stderr[-2000:]
         flags = ["--ray-address", f"127.0.0.1:{port}", "--num-actors", "2", "--total-timesteps", "3000"]
-        refused = run_script(*flags, "--run-dir", str(tmp_path), timeout=120)  # Ray's token authentication is on
+        refused = run_script(*flags, "--run-dir", str(tmp_path), timeout=120, env=HEAD_ENV)  # no token given
         assert refused.returncode == 2 and "needs RAY_AUTH_MODE=token" in refused.stderr, refused.stderr[-2000:]
         out = run_script(*flags, "--run-dir", str(tmp_path), env=token_env)
         assert out.returncode == 0, out.stderr[-3000:]
