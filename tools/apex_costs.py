@@ -53,7 +53,7 @@ def learner_rate(args, env_id: str, K: int, calls: int) -> float:
     space, n = envs.single_observation_space, int(envs.single_action_space.n)
     envs.close()
     network = apex.QNetwork(n, args.hidden_sizes, planes=apex.is_planes(space), dueling=args.dueling)
-    optimizer = apex.make_optimizer(args, 10_000)
+    optimizer = apex.make_optimizer(args)
     state = apex.init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(0))
     update = apex.make_update(network.apply, optimizer, args, unroll=len(space.shape) == 3)
     rng = np.random.default_rng(0)
@@ -69,11 +69,12 @@ def learner_rate(args, env_id: str, K: int, calls: int) -> float:
             "weights": np.ones((K, B), np.float32),
         }
     )
-    state, _, td = update(state, batches)  # compile
+    lr = np.float32(args.learning_rate)
+    state, _, td = update(state, batches, lr)  # compile
     jax.block_until_ready(td)
     start = time.perf_counter()
     for _ in range(calls):
-        state, _, td = update(state, batches)
+        state, _, td = update(state, batches, lr)
     jax.block_until_ready(td)
     return calls * K / (time.perf_counter() - start)
 
