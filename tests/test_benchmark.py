@@ -207,3 +207,48 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     except ImportError:
         return
     assert (out / "tiny_CartPole-v1.png").stat().st_size > 0 and "(tiny_CartPole-v1.png)" in text
+
+
+def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
+    """The two tools behind `./benchmark.sh apex`, on their small cases, and the summary's reading
+    of the files they write (in the apex suite's folder, beside a run)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    suite = tmp_path / "apex"
+    suite.mkdir()
+    tools = os.path.join(ROOT, "tools")
+    for argv in (
+        [
+            "apex_replay_placement.py",
+            "--cases",
+            "cartpole",
+            "--repeats",
+            "5",
+            "--out",
+            str(suite / "replay-placement.json"),
+        ],
+        ["apex_costs.py", "--envs", "CartPole-v1", "--seconds", "0.5", "--out", str(suite / "costs.json")],
+    ):
+        out = subprocess.run(
+            [sys.executable, os.path.join(tools, argv[0]), *argv[1:]],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+    placement = json.load(open(suite / "replay-placement.json"))["results"][0]
+    assert placement["case"] == "cartpole" and placement["rows"] == 50_000
+    assert 0 < placement["sample_in_learner_us"] and 0 < placement["sample_ray_actor_us"]
+    cost = json.load(open(suite / "costs.json"))["results"][0]
+    expected = (
+        cost["learner_updates_per_s"] * cost["batch_size"] / (cost["replay_ratio"] * cost["actor_env_steps_per_s"])
+    )
+    assert cost["actors_the_learner_keeps_up_with"] == pytest.approx(expected)
+    summary = load_summary()
+    lines = summary.describe_replay_placement(json.load(open(suite / "replay-placement.json")))
+    assert any(
+        line.startswith("| cartpole |") and f"{placement['sample_in_learner_us'] / 1000:.2f} ms" in line
+        for line in lines
+    )
+    lines = summary.describe_costs(json.load(open(suite / "costs.json")))
+    assert any(line.startswith("| CartPole-v1 |") and f"{expected:.2f} |" in line for line in lines)

@@ -82,11 +82,13 @@ def learner_rate(args, env_id: str, K: int, calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="acting time per env")
+    parser.add_argument("--envs", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     results = []
-    for env_id, case in CASES.items():
+    for env_id in args.envs:
+        case = CASES[env_id]
         run_args = apex.Args(**{**case["args"], "env_id": env_id})
         a = actor_rate(run_args, args.seconds)
         u = learner_rate(run_args, env_id, case["K"], calls=20 if env_id == "CartPole-v1" else 2)

@@ -103,11 +103,12 @@ def measure(name: str, case: dict, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     try:
-        results = [measure(name, case, args.repeats) for name, case in CASES.items()]
+        results = [measure(name, CASES[name], args.repeats) for name in args.cases]
     finally:
         ray.shutdown()
     report = {
