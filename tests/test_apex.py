@@ -75,6 +75,23 @@ def test_actor_chunk_is_what_the_env_did():
     assert min(ends.values()) >= 3, ends  # the comparison crossed both kinds of episode ends
 
 
+def test_actor_ends_the_return_at_a_lost_life_on_atari():
+    """ALE: a lost life ends the return for learning (discount 0) while the game plays on, so
+    there are more zero discounts than finished games."""
+    args = small_args(env_id="ALE/Breakout-v5", n_step=1, hidden_sizes=(16,))
+    actor = apex.Actor(args, index=0, num_actors=1, seed=0)  # epsilon 0.4: it fires and misses
+    network = apex.QNetwork(4, args.hidden_sizes)
+    params = network.init(jax.random.PRNGKey(0), np.zeros((1, 4, 84, 84), np.float32))
+    zeros = games = 0
+    for _ in range(40):
+        out = actor.collect([(0, (params, params))])
+        zeros += int((out["transitions"]["discount"] == 0).sum())
+        games += len(out["episodes"])
+        if zeros >= games + 2:
+            break
+    assert zeros >= games + 2, (zeros, games)
+
+
 def test_actor_priorities_are_double_q_td_errors():
     """p = |r + d Q_target(s', argmax_a Q_online(s', a)) - Q_online(s, a)|, computed in numpy from
     the same chunk and parameters (online and target differ, so a single-Q target would fail)."""
@@ -234,6 +251,18 @@ def run_script(*flags, timeout=600, env=RAY_ENV):
     )
 
 
+def start_script(*flags):
+    """The script in the background, for a test that signals it or one of its actors."""
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=RAY_ENV,
+    )
+
+
 def test_two_actors_solve_cartpole(tmp_path):
     # Laid out as benchmark.sh lays out its runs, so that the summary's Ape-X table reads it back.
     run = tmp_path / "apex" / "actors2" / "CartPole-v1" / "seed1"
@@ -261,14 +290,7 @@ def test_two_actors_solve_cartpole(tmp_path):
 
 
 def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--num-actors", "3", "--total-timesteps", "40000", "--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=RAY_ENV,
-    )
+    proc = start_script("--num-actors", "3", "--total-timesteps", "40000", "--run-dir", str(tmp_path))
     try:
         path, deadline = tmp_path / "actors.json", time.time() + 120
         while time.time() < deadline:
@@ -295,14 +317,7 @@ def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
 def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     """SIGTERM to the learner: a checkpoint and exit 143 (Ray's own SIGTERM handler, set when it
     starts, must not win); --resume then continues the learner and its replay to a larger budget."""
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--num-actors", "2", "--total-timesteps", "400000", "--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=RAY_ENV,
-    )
+    proc = start_script("--num-actors", "2", "--total-timesteps", "400000", "--run-dir", str(tmp_path))
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (tmp_path / "eval.csv").exists():  # past 10k steps
