@@ -252,3 +252,29 @@ def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
     )
     lines = summary.describe_costs(json.load(open(suite / "costs.json")))
     assert any(line.startswith("| CartPole-v1 |") and f"{expected:.2f} |" in line for line in lines)
+
+
+def test_sac_flops_counts_what_the_networks_compute(tmp_path):
+    """tools/sac_flops.py: XLA's FLOP count of the two gradients against the matmuls of the
+    networks counted by hand (per sample, C and A the multiply-adds of one critic and of the actor
+    forward: critic gradient = target twins on s' + actor on s' + online twins forward and backward
+    = 8C + A; actor gradient = actor forward and backward + twins forward and back to the action =
+    3A + 4C), and the report's arithmetic."""
+    out_path = tmp_path / "sac_flops.json"
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "sac_flops.py"), "--repeats", "2", "--out", str(out_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.load(open(out_path))
+    B, (h1, h2) = r["batch_size"], r["hidden_sizes"]
+    obs, act = 3, 1  # Pendulum-v1
+    C = (obs + act) * h1 + h1 * h2 + h2
+    A = obs * h1 + h1 * h2 + h2 * 2 * act
+    assert r["critic_grad_mflops"] == pytest.approx(2 * B * (8 * C + A) / 1e6, rel=0.05)
+    assert r["actor_grad_mflops"] == pytest.approx(2 * B * (3 * A + 4 * C) / 1e6, rel=0.05)
+    flops = (r["critic_grad_mflops"] + r["actor_grad_mflops"]) * 1e6
+    assert r["achieved_gflops"] == pytest.approx(flops / (r["sgd_step_us"] * 1e-6) / 1e9)
+    assert r["fraction_of_ceiling"] == pytest.approx(r["achieved_gflops"] / r["matmul_ceiling"]["gflops"])
