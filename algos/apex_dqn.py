@@ -607,15 +607,15 @@ class Actor:
     collect() steps the envs until a chunk of at least --chunk-size n-step transitions is ready,
     then computes their priorities |delta| with its copy of the online and target networks, and
     returns them with the episodes that ended. Its argument is a one-element list holding the
-    learner's latest (params, target_params), or a Ray reference to them: inside a list, Ray does
-    not fetch it, so an actor pays for the transfer only when its sync is due.
+    learner's latest (version, (params, target_params)), or a Ray reference to it: inside a list,
+    Ray does not fetch it, so an actor pays for the transfer only when its sync is due.
     """
 
     def __init__(self, args: Args, index: int, num_actors: int, seed: int):
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # tiny calls: see dqn_prioritized.py
         if restarted_by_ray():  # a new process for one that died: not the same episodes and draws again
             seed = int(np.random.SeedSequence([seed, os.getpid()]).generate_state(1)[0] % 2**31)
-        self.args, self.index = args, index
+        self.args = args
         self.epsilon = actor_epsilon(index, num_actors, args.actor_epsilon_base, args.actor_epsilon_alpha)
         self.envs = make_env(args.env_id, args.num_envs, args.max_episode_frames)
         space, num_actions = self.envs.single_observation_space, int(self.envs.single_action_space.n)
@@ -633,7 +633,7 @@ class Actor:
         self.lives = None
 
     def collect(self, latest: list) -> dict:
-        args, reported = self.args, self.steps * self.args.num_envs
+        args, steps_before = self.args, self.steps
         if self.since_sync >= args.param_sync_every:  # copy the learner's parameters
             params = latest[0]
             if not isinstance(params, tuple):  # a Ray reference: fetched only now
@@ -672,7 +672,7 @@ class Actor:
         return {
             "transitions": chunk,
             "priorities": np.abs(np.asarray(td, np.float64))[:rows],
-            "env_steps": self.steps * self.args.num_envs - reported,
+            "env_steps": (self.steps - steps_before) * args.num_envs,
             "episodes": episodes,
             "version": self.version,
             "epsilon": self.epsilon,
