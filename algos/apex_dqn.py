@@ -90,12 +90,11 @@ import os
 
 # Read by jax when it initialises its backend, so set before `import jax` (see dqn_prioritized.py).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
 import csv
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import queue
@@ -1032,15 +1031,14 @@ def resolved_actors(args: Args) -> int:
 def remote_actor_class():
     """Actor as a Ray actor class: restarted by Ray whenever its process dies (max_restarts=-1);
     a request in flight when it died fails (max_task_retries=0) and the learner sends a new one.
-    Actors act on the CPU, one XLA thread each: the learner keeps the accelerator, and many actors
-    share a node's cores."""
+    Actors act on the CPU (JAX_PLATFORMS=cpu): the learner keeps the accelerator."""
     import ray
 
     if __name__ != "__main__":
         # Imported as a module (tests, a user's code): send the code to the workers by value, as
         # Ray does for a script, so that they need not find this file on their path.
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+    env = {"JAX_PLATFORMS": "cpu"}
     return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, runtime_env={"env_vars": env})(Actor)
 
 
@@ -1403,6 +1401,7 @@ class Run:
             scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
         scalars.update({k: float(v) for k, v in self.metrics.items()})
         self.logger.scalars(step, scalars)
+        self.logger.flush()
         if step % (10 * args.log_every) < step - window["step"] or step >= args.total_timesteps:
             print(
                 f"step {step:>8d}  SPS {scalars['charts/SPS']:6.0f}"
@@ -1628,15 +1627,25 @@ def args_from_json(saved, path: str) -> Args:
 # ---------------------------------------------------------------------------------------------
 
 
+EVENT_FILES = itertools.count()  # tells apart the event files of one process and second
+
+
 class Logger:
     """Tensorboard scalars through tensorboard's own event writer, and eval.csv."""
 
     def __init__(self, run_dir: str, keep_until: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        self._writer = EventFileWriter(run_dir)
+        # tensorboard's own event format and record writer, written on this thread into a buffered
+        # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
+        # writer thread: at one event per episode, that thread's turns at the GIL cost about 10% of
+        # a CartPole run at CleanRL's settings (README, Speed).
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
+        self._file = open(os.path.join(run_dir, name), "wb")
+        self._writer = RecordWriter(self._file)
+        self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         self._eval_csv = os.path.join(run_dir, "eval.csv")
         if keep_until is not None and os.path.exists(self._eval_csv):
             # Rows logged after the checkpoint belong to steps about to be done again.
@@ -1649,7 +1658,7 @@ class Logger:
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
-        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+        self._writer.write(self._event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
 
     def eval(self, step: int, returns: np.ndarray) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
@@ -1660,8 +1669,11 @@ class Logger:
                 writer.writerow(["step", "mean", "std", "episodes"])
             writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
 
+    def flush(self) -> None:
+        self._file.flush()
+
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -278,3 +278,33 @@ def test_sac_flops_counts_what_the_networks_compute(tmp_path):
     flops = (r["critic_grad_mflops"] + r["actor_grad_mflops"]) * 1e6
     assert r["achieved_gflops"] == pytest.approx(flops / (r["sgd_step_us"] * 1e-6) / 1e9)
     assert r["fraction_of_ceiling"] == pytest.approx(r["achieved_gflops"] / r["matmul_ceiling"]["gflops"])
+
+
+def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
+    """tools/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
+    it times add up with the rest of the loop to the loop's own time per env step, and the loop
+    is the speed comparison's DQN run (tools/speed_vs_sbx.py's flags)."""
+    out_path = tmp_path / "costs.json"
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
+        + ["--loop-steps", "12000", "--out", str(out_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.load(open(out_path))
+    flags = r["flags"]
+    K = int(flags[flags.index("--updates-per-call") + 1]) if "--updates-per-call" in flags else 32
+    train_frequency = int(flags[flags.index("--train-frequency") + 1])
+    assert (K, train_frequency) == (32, 10)
+    parts = r["per_env_step_us"]
+    assert set(parts) == {"env step", "env step, bare", "act", "store", "update"}
+    assert all(us > 0 for us in parts.values())
+    assert parts["update"] == pytest.approx(r["update_call_us"] / (K * train_frequency))
+    assert r["loop"]["steps"] == 12000 and r["loop"]["per_env_step_us"] == pytest.approx(
+        1e6 / r["loop"]["learning_sps"]
+    )
+    explained = sum(parts.values()) - parts["env step, bare"]
+    assert r["rest_of_loop_us"] == pytest.approx(r["loop"]["per_env_step_us"] - explained)
+    assert f"| the loop, learning phase ({r['loop']['learning_sps']:.0f} env steps/s) |" in r["table"]

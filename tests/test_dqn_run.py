@@ -163,16 +163,3 @@ def test_bad_input_from_the_command_line_has_no_traceback():
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "Discrete actions" in out.stderr
-
-
-def test_xla_flags_set_by_the_script_are_real_flags():
-    """XLA reads only --xla_* flags; a bare `intra_op_parallelism_threads=1` (there before issue 12)
-    was silently ignored."""
-    code = (
-        "import os, sys; os.environ.pop('XLA_FLAGS', None); sys.path.insert(0, %r); "
-        "from helpers import load_script; load_script('dqn_prioritized'); print(os.environ['XLA_FLAGS'])"
-        % os.path.join(ROOT, "tests")
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    tokens = out.stdout.split()
-    assert tokens and all(t.startswith("--xla_") for t in tokens), out.stdout + out.stderr

@@ -1,7 +1,8 @@
 """How far is SAC's update from this CPU's matmul ceiling? (issue 15: profile and push)
 
-Measured in one process, one thing at a time, with the XLA flags sac.py sets (one thread per
-computation unless --multi-thread):
+Measured in one process, one thing at a time, with XLA's default flags (sac.py sets none;
+--eigen-single-thread adds --xla_cpu_multi_thread_eigen=false, which dqn_prioritized.py set until
+2026-12-01, to see what it changes: on jax 0.10.2, nothing):
   ceiling:  float32 matmuls n x n x n (n = 256 ... 2048) under jit, the best GFLOP/s of any size;
   flops:    XLA's own count (compiled cost analysis) of one critic gradient and one actor+alpha
             gradient at sac.py's settings (batch --batch-size, --hidden-sizes), summed as one SGD
@@ -10,7 +11,7 @@ computation unless --multi-thread):
   achieved: sac.make_update's fused call (K = --updates-per-call SGD steps, batch on the device),
             the median time per SGD step over repeated calls, and flops / time.
 
-    python tools/sac_flops.py [--env-id Pendulum-v1] [--multi-thread] [--out FILE]
+    python tools/sac_flops.py [--env-id Pendulum-v1] [--eigen-single-thread] [--out FILE]
 """
 
 import argparse
@@ -24,8 +25,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-if "--multi-thread" in sys.argv:  # before sac.py sets the single-thread flag, and before jax starts
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=true"
+if "--eigen-single-thread" in sys.argv:  # before jax starts
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
 from helpers import load_script  # noqa: E402
 
 sac = load_script("sac")
@@ -67,7 +68,9 @@ def flops_of(fn, *args) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env-id", default="Pendulum-v1")
-    parser.add_argument("--multi-thread", action="store_true", help="XLA's multi-threaded CPU kernels")
+    parser.add_argument(
+        "--eigen-single-thread", action="store_true", help="add --xla_cpu_multi_thread_eigen=false to XLA_FLAGS"
+    )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=None)
     cli = parser.parse_args()

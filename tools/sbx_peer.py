@@ -49,7 +49,11 @@ SETTINGS = {
         gamma=0.99,
         train_freq=1,
         gradient_steps=1,
-        policy_delay=2,
+        # CleanRL's policy_frequency 2 (this project's too) takes 2 actor+alpha steps after every
+        # 2nd critic step: one per critic step on average. sbx's policy_delay 2 would take one after
+        # every 2nd, half the actor's work (its FLOPs are 44% of the step's: tools/sac_flops.py).
+        # policy_delay 1 gives sbx the same work per env step.
+        policy_delay=1,
         policy_kwargs=dict(net_arch=[256, 256]),
     ),
     # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1

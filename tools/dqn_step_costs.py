@@ -1,0 +1,193 @@
+"""Where an env step's time goes in dqn_prioritized.py at CleanRL's DQN settings (issue 15).
+
+The settings are the speed comparison's (tools/speed_vs_sbx.py: CartPole-v1, 1 env, 120-84 MLP,
+batch 128, one SGD step per 10 env steps, K = 32 SGD steps per jitted call, uniform one-step
+replay). Two measurements, one after the other in one sitting:
+
+  parts: each piece of the training loop timed alone in this process, the median over --repeats
+         timings of many calls each, and put per env step:
+           env step          the script's vector env (1 env, autoreset, wrappers), random actions;
+           env step, bare    CartPole's own step function (the floor for any implementation);
+           act               the jitted epsilon-greedy call with its result read back (make_act);
+           store             n-step assembly and the replay's staged insert (NStepAssembler.push,
+                             PrioritizedReplay.add) of the transitions the env step produced;
+           update            one fused update call (K SGD steps, batches on the device), its
+                             result waited for, divided by the K * train_frequency env steps it
+                             serves;
+  loop:  the script itself run as a subprocess for --loop-steps env steps with those flags: the
+         median env steps/s over its log windows that learned (benchmark_summary.read_throughput),
+         as microseconds per env step. The part of it the pieces above do not explain is the
+         rest of the loop: Python between the calls, episode bookkeeping and logging, the
+         prefetch and priority threads' share of the cores.
+
+    python tools/dqn_step_costs.py [--repeats 5] [--loop-steps 200000] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from helpers import load_script  # noqa: E402
+from speed_vs_sbx import QUIET, SAME  # noqa: E402
+
+from benchmark_summary import read_throughput  # noqa: E402
+
+dqn = load_script("dqn_prioritized")
+import gymnasium as gym  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+FLAGS = SAME["dqn"]["ours"][1:]  # the speed comparison's flags, without the script's path
+
+
+def per_call_us(fn, calls: int, repeats: int) -> float:
+    """Median over `repeats` timings of `calls` calls of fn(i), in microseconds per call."""
+    fn(0)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def amortized_update_us(call_us: float, updates_per_call: int, train_frequency: int) -> float:
+    """An update call serves updates_per_call * train_frequency env steps."""
+    return call_us / (updates_per_call * train_frequency)
+
+
+def parts(args, repeats: int, calls: int) -> dict:
+    envs = dqn.make_env(args.env_id, 1)
+    obs, _ = envs.reset(seed=args.seed)
+    envs.action_space.seed(args.seed)
+    num_actions = int(envs.single_action_space.n)
+    actions = [envs.action_space.sample() for _ in range(calls)]
+    recorded = []
+
+    def env_step(i):
+        step = envs.step(actions[i])
+        if len(recorded) < calls:
+            recorded.append(step)
+
+    costs = {"env step": per_call_us(env_step, calls, repeats)}
+
+    bare = gym.make(args.env_id).unwrapped
+    bare.reset(seed=args.seed)
+
+    def bare_step(i):
+        if bare.step(int(actions[i][0]))[2]:
+            bare.reset()
+
+    costs["env step, bare"] = per_call_us(bare_step, calls, repeats)
+
+    network = dqn.QNetwork(num_actions, args.hidden_sizes)
+    optimizer = dqn.make_optimizer(args, 1_000_000)
+    state = dqn.init_train_state(network, optimizer, obs.shape[1:], jax.random.PRNGKey(args.seed))
+    act = dqn.make_act(network.apply, num_actions)
+    key = jax.random.PRNGKey(args.seed + 1)
+    params = dqn.local_copy(state.params)
+    costs["act"] = per_call_us(
+        lambda i: np.asarray(act(params, obs, np.float32(0.05), key, np.int32(i))), calls, repeats
+    )
+
+    replay, nstep = dqn.make_replay(args, envs.single_observation_space)
+    previous = [obs] + [r[0] for r in recorded[:-1]]
+
+    def store(i):
+        next_obs, reward, terminated, truncated, info = recorded[i]
+        done = terminated | truncated
+        reached = dqn.real_next_obs(next_obs, done, info)
+        replay.add(nstep.push(previous[i], actions[i], reward, reached, terminated, truncated))
+
+    costs["store"] = per_call_us(store, len(recorded), 1)  # once: the replay fills as it goes
+
+    K, B = args.updates_per_call, args.batch_size
+    update = dqn.make_update(network.apply, optimizer, args)
+    rng = np.random.default_rng(args.seed)
+    batches = jax.device_put(
+        {
+            "obs": rng.normal(size=(K, B) + obs.shape[1:]).astype(np.float32),
+            "next_obs": rng.normal(size=(K, B) + obs.shape[1:]).astype(np.float32),
+            "action": rng.integers(0, num_actions, (K, B)).astype(np.int64),
+            "reward": np.ones((K, B), np.float32),
+            "discount": np.full((K, B), args.gamma, np.float32),
+            "weights": np.ones((K, B), np.float32),
+        }
+    )
+    box = [jax.device_put(state)]
+
+    def update_call(i):
+        box[0], _, td = update(box[0], batches)
+        jax.block_until_ready(td)
+
+    call_us = per_call_us(update_call, max(3, calls // 500), repeats)
+    costs["update"] = amortized_update_us(call_us, K, args.train_frequency)
+    envs.close()
+    return {
+        "per_env_step_us": costs,
+        "update_call_us": call_us,
+        "episodes_in_store": int(sum(bool(np.any(r[2] | r[3])) for r in recorded)),
+    }
+
+
+def loop(steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as run_dir:
+        flags = [f for f in FLAGS]
+        flags[flags.index("--total-timesteps") + 1] = str(steps)
+        cmd = [sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py"), *flags, *QUIET]
+        start = time.perf_counter()
+        out = subprocess.run(cmd + ["--run-dir", run_dir], capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - start
+        if out.returncode != 0:
+            raise SystemExit(f"dqn_step_costs.py: error: the loop run failed: {out.stderr.strip()[-500:]}")
+        _, learning_sps, _, _ = read_throughput(run_dir)
+    return {"steps": steps, "wall_s": wall, "learning_sps": learning_sps, "per_env_step_us": 1e6 / learning_sps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5000, help="calls per timing of the per-step parts")
+    parser.add_argument("--loop-steps", type=int, default=200_000)
+    parser.add_argument("--out")
+    cli = parser.parse_args()
+    args = dqn.parse_args(FLAGS)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn.main does
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "jax": jax.__version__,
+        "flags": FLAGS,
+        **parts(args, cli.repeats, cli.calls),
+        "loop": loop(cli.loop_steps),
+    }
+    explained = sum(result["per_env_step_us"].values()) - result["per_env_step_us"]["env step, bare"]
+    result["rest_of_loop_us"] = result["loop"]["per_env_step_us"] - explained
+    lines = ["| part | us per env step |", "|---|---:|"]
+    for name, us in result["per_env_step_us"].items():
+        lines.append(f"| {name}{' (included in env step)' if name == 'env step, bare' else ''} | {us:.1f} |")
+    lines.append(f"| rest of the loop | {result['rest_of_loop_us']:.1f} |")
+    lines.append(
+        f"| the loop, learning phase ({result['loop']['learning_sps']:.0f} env steps/s) | "
+        f"{result['loop']['per_env_step_us']:.1f} |"
+    )
+    result["table"] = "\n".join(lines)
+    print(result["table"])
+    if cli.out:
+        with open(cli.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
