@@ -13,9 +13,11 @@
 #             normalisation); BC on the three shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
 #             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
-#             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats; then sbx
-#             side by side (its own venv, .venv-sbx, built once): same settings as ratios, and
-#             time to solve at each one's best (results/speed_vs_sbx.md)
+#             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats; where
+#             DQN's time per env step goes and SAC's update against the CPU's matmul ceiling
+#             (results/dqn_step_costs.json, results/sac_flops.json); then sbx side by side (its
+#             own venv, .venv-sbx, built once): same settings as ratios, and time to solve at
+#             each one's best (results/speed_vs_sbx.md)
 #   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at
 #             100k: 1M naive would need 56 GB), throughput of --preset atari on ALE/Pong-v5
 #             (30k steps, 20k of them learning) and updates/s with the prefetch thread on vs
@@ -219,9 +221,13 @@ PY
       python3 -m venv "$SBX_VENV"
       "$SBX_VENV/bin/python" -m pip install --quiet "sbx-rl==0.28.0" "gymnasium[classic-control]>=1.1,<2"
     fi
+    "$PYTHON" tools/dqn_step_costs.py --out "$RUNS/speed/dqn-step-costs.json"
+    "$PYTHON" tools/sac_flops.py --out "$RUNS/speed/sac-flops.json"
     "$PYTHON" tools/speed_vs_sbx.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
       --out "$RUNS/speed/vs-sbx"
     mkdir -p "$OUT" && cp "$RUNS/speed/vs-sbx/speed_vs_sbx.md" "$OUT/speed_vs_sbx.md"
+    cp "$RUNS/speed/dqn-step-costs.json" "$OUT/dqn_step_costs.json"
+    cp "$RUNS/speed/sac-flops.json" "$OUT/sac_flops.json"
     ;;
   atari)
     NSEEDS=${SEEDS:-2} JOBS=1

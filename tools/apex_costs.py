@@ -17,13 +17,12 @@ Atari, Nature DQN's one update of 32 per 4 steps (R = 8).
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from helpers import load_script  # noqa: E402
+from helpers import load_script, machine  # noqa: E402
 
 apex = load_script("apex_dqn")
 import jax  # noqa: E402
@@ -109,7 +108,7 @@ def main() -> None:
         )
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0]),
         "results": results,

@@ -17,7 +17,6 @@ Median of --repeats calls after a warm-up, for CartPole's rows (K = 32, B = 128)
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-from helpers import load_script  # noqa: E402
+from helpers import load_script, machine  # noqa: E402
 
 apex = load_script("apex_dqn")
 import numpy as np  # noqa: E402
@@ -113,7 +112,7 @@ def main() -> None:
         ray.shutdown()
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "ray": ray.__version__,
         "results": results,
     }

@@ -26,7 +26,6 @@ replay). Two measurements, one after the other in one sitting:
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from helpers import load_script  # noqa: E402
+from helpers import load_script, machine  # noqa: E402
 from speed_vs_sbx import QUIET, SAME  # noqa: E402
 
 from benchmark_summary import read_throughput  # noqa: E402
@@ -166,7 +165,7 @@ def main() -> None:
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn.main does
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "jax": jax.__version__,
         "flags": FLAGS,
         **parts(args, cli.repeats, cli.calls),

@@ -18,7 +18,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 if "--eigen-single-thread" in sys.argv:  # before jax starts
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-from helpers import load_script  # noqa: E402
+from helpers import load_script, machine  # noqa: E402
 
 sac = load_script("sac")
 import jax  # noqa: E402
@@ -127,7 +126,7 @@ def main() -> None:
     achieved = step_flops / per_step / 1e9
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "env_id": args.env_id,
         "batch_size": B,

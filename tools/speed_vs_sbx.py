@@ -19,7 +19,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmark_summary import read_throughput  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from helpers import machine  # noqa: E402
 
 SAME = {
     "dqn": {
@@ -204,7 +206,7 @@ def main():
                 print(f"solve {algo} {side} seed {seed}: {solved}", flush=True)
     with open(os.path.join(a.out, "speed_vs_sbx.json"), "w") as f:
         json.dump(
-            {"machine": f"{platform.processor()} {os.cpu_count()} cores", "date": time.ctime(), "runs": runs},
+            {"machine": machine(), "date": time.ctime(), "runs": runs},
             f,
             indent=1,
         )
