@@ -1458,6 +1458,8 @@ class Run:
     def __exit__(self, *exc):
         self.stop.__exit__(*exc)
         self.close()
+        if exc[0] is not None:  # finish() will not run: write out the events since the last tick
+            self.logger.close()
 
     def close(self) -> None:
         """Stop the threads and the actors, and a Ray this run started."""
@@ -1631,7 +1633,7 @@ EVENT_FILES = itertools.count()  # tells apart the event files of one process an
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own event writer, and eval.csv."""
+    """Tensorboard scalars through tensorboard's own record writer, and eval.csv."""
 
     def __init__(self, run_dir: str, keep_until: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -1646,6 +1648,7 @@ class Logger:
         self._file = open(os.path.join(run_dir, name), "wb")
         self._writer = RecordWriter(self._file)
         self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._file.flush()  # the file's first event on disk at once, as tensorboard's writer does
         self._eval_csv = os.path.join(run_dir, "eval.csv")
         if keep_until is not None and os.path.exists(self._eval_csv):
             # Rows logged after the checkpoint belong to steps about to be done again.

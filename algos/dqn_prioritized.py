@@ -1623,6 +1623,8 @@ class Run:
     def __exit__(self, *exc):
         self.stop.__exit__(*exc)
         self.close()
+        if exc[0] is not None:  # finish() will not run: write out the events since the last tick
+            self.logger.close()
 
     def close(self) -> None:
         """Stop the threads and close the envs (the writer writes what was submitted first)."""
@@ -1972,7 +1974,7 @@ EVENT_FILES = itertools.count()  # tells apart the event files of one process an
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own event writer (no torch, no TensorFlow), and
+    """Tensorboard scalars through tensorboard's own record writer (no torch, no TensorFlow), and
     with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
 
     def __init__(self, run_dir: str, keep_until: Optional[int] = None, args: Optional[Args] = None):
@@ -1980,14 +1982,6 @@ class Logger:
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        # tensorboard's own event format and record writer, written on this thread into a buffered
-        # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
-        # writer thread: at one event per episode, that thread's turns at the GIL cost about 10% of
-        # a CartPole run at CleanRL's settings (README, Speed).
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
-        self._file = open(os.path.join(run_dir, name), "wb")
-        self._writer = RecordWriter(self._file)
-        self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         self._wandb = self._run = None
         if args is not None and args.track:
             import wandb  # optional: imported only with --track
@@ -2010,6 +2004,15 @@ class Logger:
                 raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
             self._run.define_metric("global_step")
             self._run.define_metric("*", step_metric="global_step")
+        # tensorboard's own event format and record writer, written on this thread into a buffered
+        # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
+        # writer thread: at one event per episode, that thread's turns at the GIL cost about 10% of
+        # a CartPole run at CleanRL's settings (README, Speed).
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
+        self._file = open(os.path.join(run_dir, name), "wb")
+        self._writer = RecordWriter(self._file)
+        self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._file.flush()  # the file's first event on disk at once, as tensorboard's writer does
         self._eval_csv = os.path.join(run_dir, "eval.csv")
         if keep_until is not None and os.path.exists(self._eval_csv):
             # Evaluations logged after the checkpoint belong to steps that are about to be done
@@ -2045,6 +2048,7 @@ class Logger:
         self._file.close()
         if self._run is not None:
             self._run.finish()
+            self._run = None  # close() may come twice: after an error, then from finish()
 
 
 class Console:

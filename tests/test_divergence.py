@@ -2,12 +2,14 @@
 SGD step, in all three scripts, and never writes that value into the sum tree; and BC's nll with
 prioritized sampling, whose loss goes negative, keeps a finite score (issue 11)."""
 
+import glob
 import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from helpers import ROOT, load_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 dqn, sac, bc = load_script("dqn_prioritized"), load_script("sac"), load_script("bc_offline")
 
@@ -77,6 +79,12 @@ def test_a_non_finite_td_error_ends_the_run_in_one_line_naming_the_step(script, 
     assert not os.path.exists(os.path.join(run_dir, "model.npz"))
     assert not os.path.exists(os.path.join(run_dir, "checkpoint.npz"))
     assert os.path.isfile(os.path.join(run_dir, "args.json"))  # the folder itself was written
+    # The episodes before the failure reached the event file (written at exit, before any log
+    # tick flushed them), without waiting for the garbage collector to close it.
+    (events,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    acc = EventAccumulator(events, size_guidance={"scalars": 0})
+    acc.Reload()
+    assert len(acc.Scalars("charts/episodic_return")) >= 400 // 50  # episodes end every 50 steps
 
 
 def test_bc_divergence_is_one_line_naming_the_step(monkeypatch, tmp_path, capsys):

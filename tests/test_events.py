@@ -8,9 +8,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import ROOT, load_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 QUIET = ["--checkpoint-every", "0", "--checkpoint-minutes", "0"]
@@ -76,6 +78,8 @@ def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path)
         text=True,
     )
     printed = []
+    deadline = threading.Timer(300, proc.kill)  # a run that stalls fails the test instead of hanging it
+    deadline.start()
     try:
         for line in proc.stdout:
             match = re.match(r"\s*(?:step|update)s?\s+(\d+)", line)
@@ -87,6 +91,7 @@ def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path)
             pytest.fail("the run ended before printing three progress lines")
         proc.send_signal(signal.SIGKILL)
     finally:
+        deadline.cancel()
         proc.kill()
         proc.wait(timeout=60)
     # bc_offline.py prints a line at every tick, the others at every 10th
@@ -95,3 +100,30 @@ def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path)
     steps = [e.step for e in events(run_dir).Scalars(tag)]
     assert steps == list(range(log_every, log_every * (len(steps) + 1), log_every))
     assert steps[-1] >= printed[-1]
+
+
+@pytest.mark.parametrize("script", ["dqn_prioritized", "sac", "bc_offline", "apex_dqn"])
+def test_logger_writes_what_tensorboard_reads(script, tmp_path):
+    """Each script's Logger on its own (apex_dqn.py's runs need Ray; its Logger does not): the
+    first event is on disk at once, scalars and evaluations read back after flush(), a second
+    Logger in the same folder (a resume) writes a second file that sorts after the first, and
+    close() may come twice (after an error, then from finish())."""
+    module = load_script(script)
+    logger = module.Logger(str(tmp_path))
+    assert events(str(tmp_path)).file_version == 2.0  # before anything is flushed by hand
+    logger.scalars(100, {"charts/SPS": 12.5, "losses/td_loss": 0.25})
+    returns = np.array([1.0, 3.0])
+    if script == "bc_offline":
+        logger.eval(200, returns, 50.0)  # and its normalised score
+    else:
+        logger.eval(200, returns)
+    logger.flush()
+    acc = events(str(tmp_path))
+    assert [(e.step, e.value) for e in acc.Scalars("charts/SPS")] == [(100, 12.5)]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/episodic_return")] == [(200, 2.0)]
+    logger.close()
+    logger.close()
+    second = module.Logger(str(tmp_path))
+    second.close()
+    files = sorted(glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*")))
+    assert len(files) == 2 and os.path.getsize(files[0]) > os.path.getsize(files[1]) > 0

@@ -5,12 +5,13 @@ batch 128, one SGD step per 10 env steps, K = 32 SGD steps per jitted call, unif
 replay). Two measurements, one after the other in one sitting:
 
   parts: each piece of the training loop timed alone in this process, the median over --repeats
-         timings of many calls each, and put per env step:
+         timings of --calls calls each (update: of max(3, calls // 500) calls; store: one pass),
+         and put per env step:
            env step          the script's vector env (1 env, autoreset, wrappers), random actions;
            env step, bare    CartPole's own step function (the floor for any implementation);
            act               the jitted epsilon-greedy call with its result read back (make_act);
            store             n-step assembly and the replay's staged insert (NStepAssembler.push,
-                             PrioritizedReplay.add) of the transitions the env step produced;
+                             PrioritizedReplay.add) of the env's transitions, one timed pass;
            update            one fused update call (K SGD steps, batches on the device), its
                              result waited for, divided by the K * train_frequency env steps it
                              serves;
@@ -72,14 +73,9 @@ def parts(args, repeats: int, calls: int) -> dict:
     envs.action_space.seed(args.seed)
     num_actions = int(envs.single_action_space.n)
     actions = [envs.action_space.sample() for _ in range(calls)]
-    recorded = []
-
-    def env_step(i):
-        step = envs.step(actions[i])
-        if len(recorded) < calls:
-            recorded.append(step)
-
-    costs = {"env step": per_call_us(env_step, calls, repeats)}
+    # The transitions "store" replays: one pass of its own, so that step i is what actions[i] did.
+    recorded = [envs.step(a) for a in actions]
+    costs = {"env step": per_call_us(lambda i: envs.step(actions[i]), calls, repeats)}
 
     bare = gym.make(args.env_id).unwrapped
     bare.reset(seed=args.seed)
@@ -103,13 +99,14 @@ def parts(args, repeats: int, calls: int) -> dict:
     replay, nstep = dqn.make_replay(args, envs.single_observation_space)
     previous = [obs] + [r[0] for r in recorded[:-1]]
 
-    def store(i):
-        next_obs, reward, terminated, truncated, info = recorded[i]
-        done = terminated | truncated
-        reached = dqn.real_next_obs(next_obs, done, info)
-        replay.add(nstep.push(previous[i], actions[i], reward, reached, terminated, truncated))
+    def store():
+        for i, (next_obs, reward, terminated, truncated, info) in enumerate(recorded):
+            reached = dqn.real_next_obs(next_obs, terminated | truncated, info)
+            replay.add(nstep.push(previous[i], actions[i], reward, reached, terminated, truncated))
 
-    costs["store"] = per_call_us(store, len(recorded), 1)  # once: the replay fills as it goes
+    start = time.perf_counter()
+    store()  # one pass over the stream, as the loop makes it: a repeat would push it twice
+    costs["store"] = (time.perf_counter() - start) / len(recorded) * 1e6
 
     K, B = args.updates_per_call, args.batch_size
     update = dqn.make_update(network.apply, optimizer, args)
@@ -142,7 +139,7 @@ def parts(args, repeats: int, calls: int) -> dict:
 
 def loop(steps: int) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        flags = [f for f in FLAGS]
+        flags = list(FLAGS)
         flags[flags.index("--total-timesteps") + 1] = str(steps)
         cmd = [sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py"), *flags, *QUIET]
         start = time.perf_counter()

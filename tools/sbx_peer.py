@@ -134,6 +134,7 @@ def main() -> None:
         "algo": a.algo,
         "env_id": a.env_id,
         "settings": a.settings,
+        "kwargs": kwargs,  # what sbx was given: the record of "same settings"
         "seed": a.seed,
         "steps": int(model.num_timesteps),
         "learn_start": start,

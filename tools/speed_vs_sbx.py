@@ -165,11 +165,8 @@ def main():
                 else:
                     cmd = [a.sbx_python, "tools/sbx_peer.py", *cmds["sbx"], "--seed", str(pair)]
                 start, end = timed(cmd, stem + ".log")
-                rate = (
-                    read_throughput(stem)[1]
-                    if side == "ours"
-                    else peer_result(stem + ".log")["learning_env_steps_per_s"]
-                )
+                peer = None if side == "ours" else peer_result(stem + ".log")
+                rate = read_throughput(stem)[1] if side == "ours" else peer["learning_env_steps_per_s"]
                 runs.append(
                     {
                         "kind": "same",
@@ -178,6 +175,8 @@ def main():
                         "pair": pair,
                         "wall": end - start,
                         "learning_env_steps_per_s": rate,
+                        "command": cmd,
+                        **({} if peer is None else {"sbx_kwargs": peer["kwargs"]}),
                     }
                 )
                 print(
