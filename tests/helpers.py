@@ -31,17 +31,3 @@ def import_in_fresh_process(name: str):
         "assert set(os.listdir('.')) == before, 'files created'; print('clean')"
     ) % (os.path.join(ROOT, "tests"), name)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-
-
-def machine() -> str:
-    """The CPU's model name and core count, for benchmark records ("Intel(R) Xeon(R) Processor,
-    2 cores"): timings from different machines must not be compared."""
-    import platform
-
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores"

@@ -58,9 +58,9 @@ def test_every_episode_and_log_tick_reads_back_in_tensorboard(script, tmp_path):
 
 @pytest.mark.parametrize("script", ["dqn_prioritized", "sac", "bc_offline"])
 def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path):
-    """The plain progress line is printed after the tick's events are
-    flushed, so once it says step S a SIGKILL leaves every tick up to S readable. (The events go
-    through a buffered file: without the flush at each tick, all three runs lose them.)"""
+    """The plain progress line is printed after the tick's events are flushed, so once it says
+    step S a SIGKILL leaves every tick up to S readable. (The events go through a buffered file:
+    without the flush at each tick, all three runs lose them.)"""
     counter = "--total-updates" if script == "bc_offline" else "--total-timesteps"
     flags = {
         "dqn_prioritized": ["--learning-starts", "1000000"],
@@ -106,8 +106,9 @@ def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path)
 def test_logger_writes_what_tensorboard_reads(script, tmp_path):
     """Each script's Logger on its own (apex_dqn.py's runs need Ray; its Logger does not): the
     first event is on disk at once, scalars and evaluations read back after flush(), a second
-    Logger in the same folder (a resume) writes a second file that sorts after the first, and
-    close() may come twice (after an error, then from finish())."""
+    Logger in the same folder (a resume) writes a second file that sorts after the first, close()
+    writes out what came after the last flush, and may come twice (after an error, then from
+    finish())."""
     module = load_script(script)
     logger = module.Logger(str(tmp_path))
     assert events(str(tmp_path)).file_version == 2.0  # before anything is flushed by hand
@@ -121,7 +122,9 @@ def test_logger_writes_what_tensorboard_reads(script, tmp_path):
     acc = events(str(tmp_path))
     assert [(e.step, e.value) for e in acc.Scalars("charts/SPS")] == [(100, 12.5)]
     assert [(e.step, e.value) for e in acc.Scalars("eval/episodic_return")] == [(200, 2.0)]
+    logger.scalars(300, {"charts/SPS": 7.0})  # after the last flush: close() must write it out
     logger.close()
+    assert [e.step for e in events(str(tmp_path)).Scalars("charts/SPS")] == [100, 300]
     logger.close()
     second = module.Logger(str(tmp_path))
     second.close()

@@ -21,8 +21,11 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from helpers import load_script, machine  # noqa: E402
+from helpers import load_script  # noqa: E402
+
+from benchmark_summary import machine  # noqa: E402
 
 apex = load_script("apex_dqn")
 import jax  # noqa: E402

@@ -22,9 +22,12 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-from helpers import load_script, machine  # noqa: E402
+from helpers import load_script  # noqa: E402
+
+from benchmark_summary import machine  # noqa: E402
 
 apex = load_script("apex_dqn")
 import numpy as np  # noqa: E402

@@ -37,10 +37,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from helpers import load_script, machine  # noqa: E402
+from helpers import load_script  # noqa: E402
 from speed_vs_sbx import QUIET, SAME  # noqa: E402
 
-from benchmark_summary import read_throughput  # noqa: E402
+from benchmark_summary import machine, read_throughput  # noqa: E402
 
 dqn = load_script("dqn_prioritized")
 import gymnasium as gym  # noqa: E402
@@ -121,10 +121,11 @@ def parts(args, repeats: int, calls: int) -> dict:
             "weights": np.ones((K, B), np.float32),
         }
     )
-    box = [jax.device_put(state)]
+    state = jax.device_put(state)
 
     def update_call(i):
-        box[0], _, td = update(box[0], batches)
+        nonlocal state  # the update donates its input state
+        state, _, td = update(state, batches)
         jax.block_until_ready(td)
 
     call_us = per_call_us(update_call, max(3, calls // 500), repeats)

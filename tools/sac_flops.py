@@ -23,10 +23,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 if "--eigen-single-thread" in sys.argv:  # before jax starts
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-from helpers import load_script, machine  # noqa: E402
+from helpers import load_script  # noqa: E402
+
+from benchmark_summary import machine  # noqa: E402
 
 sac = load_script("sac")
 import jax  # noqa: E402

@@ -26,10 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmark_summary import read_throughput  # noqa: E402
-
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from helpers import machine  # noqa: E402
+from benchmark_summary import machine, read_throughput  # noqa: E402
 
 SAME = {
     "dqn": {
