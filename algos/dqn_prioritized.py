@@ -393,6 +393,8 @@ class PrioritizedReplay:
 
     def flush(self) -> None:
         """New rows enter at p = max_j p_j, so that each is replayed soon."""
+        if not self.staged:
+            return
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
             self.buffer.add(**{key: column[: self.staged] for key, column in self.stage.items()})

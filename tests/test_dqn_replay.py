@@ -49,7 +49,7 @@ def test_new_transitions_get_the_max_priority_so_far():
     rp.add(rows(2, start=4))
     rp.flush()
     assert rp.priority[4] == rp.priority[5] == 7.0
-    assert rp.max_priority() == 7.0
+    assert rp.buffer.get_max_priority() == 7.0
 
 
 def test_importance_weights_match_hand_computation():
@@ -92,7 +92,7 @@ def test_stale_priorities_never_land_on_overwritten_slots():
     # Slots 0 and 1 are overwritten by new transitions after the sample was drawn.
     rp.add(rows(2, start=10))
     rp.flush()
-    new_max = rp.max_priority()
+    new_max = rp.buffer.get_max_priority()
     kept = rp.update_priorities(idx, stamps, np.full(len(idx), 50.0))
     assert kept == int(np.isin(idx, [2, 3]).sum())
     assert rp.priority[0] == rp.priority[1] == new_max  # the new rows keep their insert priority
