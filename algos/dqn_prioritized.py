@@ -865,21 +865,8 @@ def check_args(args: Args) -> None:
         value = getattr(args, f.name)
         require(not isinstance(value, float) or np.isfinite(value), f"--{f.name} must be a finite number")
         require(not isinstance(value, int) or abs(value) < 2**31, f"--{f.name} {value} is too large")
-    counts = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "n_step",
-        "target_network_frequency",
-        "train_frequency",
-        "updates_per_call",
-        "prefetch_size",
-        "eval_every",
-        "eval_episodes",
-        "log_every",
-        "keep_checkpoints",
-    )
+    counts = """total_timesteps num_envs buffer_size batch_size n_step target_network_frequency train_frequency
+        updates_per_call prefetch_size eval_every eval_episodes log_every keep_checkpoints""".split()
     for name in counts:
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name in ("learning_rate", "adam_eps", "max_grad_norm", "huber_delta", "per_eps", "clip_reward"):
@@ -1064,10 +1051,12 @@ def train(args: Args, env_fn=None) -> dict:
         require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{ckpt}: bad counters in meta.json")
         replay.load_state_dict(arrays, ckpt, num_actions)
         print(
-            f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {replay.buffer.get_stored_size()} rows)"
+            f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, "
+            f"{replay.buffer.get_stored_size()} rows in the replay)"
         )
     state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-    logger = Logger(run_dir, args, step if args.resume else None)
+    # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+    logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
     bar = tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None, dynamic_ncols=True)
     sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
     writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
@@ -1082,15 +1071,14 @@ def train(args: Args, env_fn=None) -> dict:
     ckpt_step, ckpt_time = (step if args.resume else None), time.monotonic()
     tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
     meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
-    eval_fn = functools.partial(
-        evaluate,
-        act,
-        env_fn=env_fn,
-        episodes=args.eval_episodes,
-        epsilon=args.eval_epsilon,
-        seed=args.seed + 10_000,
-        stop=stopped,
-    )
+
+    def evaluation(prefix: str):
+        video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
+        eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        returns = evaluate(act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped)
+        if returns is not None:
+            logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+        return returns
 
     def checkpoint():
         nonlocal ckpt_step, ckpt_time
@@ -1179,18 +1167,16 @@ def train(args: Args, env_fn=None) -> dict:
                     scalars["replay/stale_rows"] = replay.stale
                 logger.scalars(step, scalars)
                 logger.file.flush()
-                line = f"SPS {scalars['charts/SPS']:.0f} loss {scalars.get('losses/td_loss', float('nan')):.4f} episodes {episodes} eval {last_eval:.1f}"
+                loss = scalars.get("losses/td_loss", float("nan"))
+                line = f"SPS {scalars['charts/SPS']:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval:.1f}"
                 bar.update(step - bar.n)
                 bar.set_postfix_str(line, refresh=False)
                 if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
                     print(f"step {step:>8d}  {line}", flush=True)
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval = next_multiple(step, args.eval_every)
-                video = (os.path.join(run_dir, "videos"), f"eval-step-{step}") if args.capture_video else None
-                returns = eval_fn(act_params, video=video)
-                if returns is not None:
-                    logger.eval(step, returns, video and os.path.join(*video[:1], f"{video[1]}-episode-0.mp4"))
-                    last_eval = returns.mean()
+                returns = evaluation("eval")
+                last_eval = last_eval if returns is None else returns.mean()
             if step >= next_ckpt or (
                 args.checkpoint_minutes and time.monotonic() - ckpt_time >= 60 * args.checkpoint_minutes
             ):
@@ -1201,9 +1187,7 @@ def train(args: Args, env_fn=None) -> dict:
             print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
             return {"run_dir": run_dir, "global_step": step, "signal": stopped[0]}
         save_npz(os.path.join(run_dir, "model.npz"), {**meta, "kind": "model"}, tree_arrays("params/", state.params))
-        video = (os.path.join(run_dir, "videos"), f"final-step-{step}") if args.capture_video else None
-        returns = eval_fn(act_params, video=video)
-        logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+        returns = evaluation("final")
         print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
         return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
     finally:
