@@ -406,11 +406,14 @@ class PrioritizedReplay:
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
         # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
         with self.lock:
-            draws = [self.buffer.sample(batch_size, beta=beta) for _ in range(num_batches)]
-            for draw in draws:  # normalised per minibatch, as Acme and Dopamine do (cpprb: per buffer)
-                draw["weights"] = draw["weights"] / draw["weights"].max()
+            draws = []
+            for _ in range(num_batches):
+                draw = self.buffer.sample(batch_size, beta=beta)  # its indexes and weights: reused arrays
+                draw["indexes"] = draw["indexes"].astype(np.int64)
+                draw["weights"] = draw["weights"] / draw["weights"].max()  # per minibatch, as Acme, Dopamine
+                draws.append(draw)
             batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes").astype(np.int64)
+            indexes = batch.pop("indexes")
             stamps = self.write_count[indexes]
         for key in ("action", "reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1)
@@ -648,16 +651,21 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     ends an episode returns the next one's first observation and the real last one in
     info["final_obs"]); images get Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing
     (up to 30 no-ops, action repeat 4 with a max over 2 frames) and 108k-frame episodes."""
-    import ale_py  # registers the ALE ids
-
-    gym.register_envs(ale_py)
-    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
-        import minatar.gym
-
-        minatar.gym.register_envs()
     try:
+        import ale_py  # registers the ALE ids
+
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
+    try:
+        if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+            import minatar.gym
+
+            minatar.gym.register_envs()
         probe = gym.make(env_id)
-    except (gym.error.Error, ImportError, AttributeError, ValueError) as e:
+    except ImportError:
+        raise ConfigError(f"{env_id} needs its package (MinAtar: pip install minatar)") from None
+    except (gym.error.Error, AttributeError, ValueError) as e:
         raise ConfigError(
             f"cannot make env {env_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         ) from None
@@ -1143,7 +1151,7 @@ def train(args: Args, env_fn=None) -> dict:
                 writes.append(
                     writer.submit(write_priorities, replay, args.prioritized, indexes, stamps, priorities, sgd_done)
                 )
-                while writes[0].done():
+                while writes and writes[0].done():
                     writes.popleft().result()  # raises the writer's error, e.g. divergence
                 tick["learn"] += time.perf_counter() - t0
                 sgd_done += args.updates_per_call

@@ -83,9 +83,7 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
     rng = np.random.default_rng(0)
     frames = None
     if layout == "compressed":
-        frames = dqn.FrameStore(
-            dqn.FrameStore.capacity_for(capacity, 1, 1, dqn.PrioritizedReplay.STAGE_ROWS), 1, (84, 84)
-        )
+        frames = dqn.FrameStore(capacity, 1, (84, 84))  # its ring: capacity + 10% + a constant
     replay = dqn.PrioritizedReplay(capacity, (4, 84, 84), np.uint8, 0.6, 1e-6, frames)
     # Random frames (incompressible); a chunk of stacks is built once per call and reused.
     obs = rng.integers(0, 256, (chunk + 4, 84, 84), dtype=np.uint8)

@@ -14,19 +14,35 @@ from helpers import ROOT, load_script
 dqn = load_script("dqn_prioritized")
 
 
-def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives():
-    """Two Breakout envs, random play, 3-step returns, lives lost and episodes both terminated and
-    truncated: every row of the compressed replay, decoded, equals the row that the same n-step
-    assembler makes from the pixel stacks themselves."""
+def short_ale_episodes(monkeypatch, frames):
+    """make_env's own pipeline, with ALE's episode cap at `frames` instead of 108k (so that a short
+    test sees truncations and short evaluations)."""
+    make_vec = gym.make_vec
+
+    def capped(*args, **kwargs):
+        assert kwargs.get("max_num_frames_per_episode") == 108_000, kwargs  # make_env's cap, replaced
+        return make_vec(*args, **{**kwargs, "max_num_frames_per_episode": frames})
+
+    monkeypatch.setattr(gym, "make_vec", capped)
+
+
+def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives(monkeypatch):
+    """Two Breakout envs from make_env, random play, 3-step returns, lives lost and episodes both
+    terminated and truncated: every row of the compressed replay, decoded, equals the row that the
+    same n-step assembler makes from the pixel stacks themselves. The frame store writes one frame
+    per episode start (the stack FrameStackObservation pads with the reset frame), so this also
+    checks that make_env's first stacks really are 4 copies of one frame."""
     n, num_envs, gamma = 3, 2, 0.9
-    envs = dqn.make_env("ALE/Breakout-v5", num_envs, max_episode_frames=700)
+    short_ale_episodes(monkeypatch, 700)
+    envs = dqn.make_env("ALE/Breakout-v5", num_envs)
     assert envs.single_observation_space.shape == (4, 84, 84)
     frames = dqn.FrameStore(50_000, num_envs, (84, 84))
     replay = dqn.PrioritizedReplay(5_000, (4, 84, 84), np.uint8, 0.6, 1e-6, frames)
     compressed = dqn.NStepAssembler(n, gamma, num_envs, (4,), np.int64, clip_reward=1.0)
     reference = dqn.NStepAssembler(n, gamma, num_envs, (4, 84, 84), np.uint8, clip_reward=1.0)
     expected = []
-    obs = dqn.seed_envs(envs, 3)
+    envs.action_space.seed(3)
+    obs, _ = envs.reset(seed=3)
     frames.start(obs, np.arange(num_envs))
     stored, lives = frames.stack.copy(), None
     seen = {"terminated": 0, "truncated": 0, "lost": 0}
@@ -52,6 +68,9 @@ def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives():
     got = replay.buffer.get_all_transitions()
     want = {k: np.concatenate([e[k] for e in expected]) for k in expected[0]}
     assert len(got["action"]) == len(want["action"]) > 1000
+    # Rows that start an episode name one frame 4 times: the case a one-frame start must get right.
+    starts = (got["obs"] == got["obs"][:, :1]).all(axis=1).sum()
+    assert starts >= seen["terminated"] + seen["truncated"] > 0, starts  # every episode after a reset
     for key in ("obs", "next_obs"):
         pixels, intact = frames.read(got[key])
         assert intact.all()
@@ -84,57 +103,83 @@ class StackedStreams:
         return reached, self.obs.copy(), done
 
 
-def test_sample_decodes_the_sampled_rows_and_never_returns_overwritten_frames():
-    """A frame ring with no margin and episodes of ~3 steps (4 extra frames each) overwrites frames
-    of rows still in the replay: sample() must redraw those rows, and every row it returns must
-    equal the same slot of an uncompressed replay fed the same stream."""
+def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_write_back():
+    """Episodes of ~1 step (an extra frame each) overwrite frames of rows still in the replay (the
+    ring's 10% margin and constant are outrun): a sampled row whose frames were overwritten must
+    get IS weight 0 and stamp -1 (so its priority is never written back) and be counted in
+    replay.stale, and every other row must equal the same slot of an uncompressed replay fed the
+    same stream. Each frame's pixels are unique, so a row is stale exactly when its decoded pixels
+    differ from the uncompressed row: the test does not need the store's own rule."""
     rng = np.random.default_rng(0)
-    capacity, num_envs = 600, 2
+    capacity, num_envs = 8_000, 2
     frames = dqn.FrameStore(capacity, num_envs, (6, 6))
+    assert frames.capacity < 1.9 * capacity  # ~1.9 frames per row below: the ring is outrun
     compressed = dqn.PrioritizedReplay(capacity, (4, 6, 6), np.uint8, 0.6, 1e-6, frames)
     naive = dqn.PrioritizedReplay(capacity, (4, 6, 6), np.uint8, 0.6, 1e-6)
     streams = StackedStreams(num_envs, rng)
     frames.start(streams.obs, np.arange(num_envs))
-    for _ in range(700):  # wraps the replay
+    common = {
+        "action": np.zeros(num_envs, np.int64),
+        "reward": np.zeros(num_envs, np.float32),
+        "discount": np.ones(num_envs, np.float32),
+    }
+    for _ in range(6_000):  # wraps the replay
         obs, ids = streams.obs.copy(), frames.stack.copy()
-        reached, next_obs, done = streams.step(p_done=0.3)
+        reached, next_obs, done = streams.step(p_done=0.9)
         reached_ids, _ = frames.step(reached, next_obs, done)
-        common = {
-            "action": np.zeros(num_envs, np.int64),
-            "reward": np.zeros(num_envs, np.float32),
-            "discount": np.ones(num_envs, np.float32),
-        }
         compressed.add({"obs": ids, "next_obs": reached_ids, **common})
         naive.add({"obs": obs, "next_obs": reached, **common})
+    assert streams.count < 251 * 256  # every frame written has pixels of its own
     compressed.flush()
     naive.flush()
     truth = naive.buffer.get_all_transitions()
-    for _ in range(20):
-        batch, indexes, _ = compressed.sample(256)
-        np.testing.assert_array_equal(batch["obs"], truth["obs"][indexes])
-        np.testing.assert_array_equal(batch["next_obs"], truth["next_obs"][indexes])
-    assert compressed.redrawn > 0  # the guard was exercised, not just present
 
-    # K minibatches per call, as the learner gets them, with varied priorities: rows still match
-    # their slots after redraws, and each minibatch's weights are (p + eps)^(-alpha beta) divided
-    # by that minibatch's largest one.
+    def check(batch, indexes, stamps):
+        """The stale rows of one sample, after checking every row against the truth."""
+        same = (batch["obs"] == truth["obs"][indexes]).all(axis=(1, 2, 3))
+        same &= (batch["next_obs"] == truth["next_obs"][indexes]).all(axis=(1, 2, 3))
+        stale = stamps == -1
+        np.testing.assert_array_equal(stale, ~same)  # stamp -1 exactly where the frames are gone
+        assert np.all(batch["weights"][stale] == 0) and np.all(batch["weights"][~stale] > 0)
+        np.testing.assert_array_equal(stamps[~stale], compressed.write_count[indexes[~stale]])
+        return stale
+
+    stale_seen = 0
+    for _ in range(20):
+        batch, indexes, stamps = compressed.sample(256)
+        stale = check(batch, indexes, stamps)
+        stale_seen += stale.sum()
+        assert stale.any() and not stale.all()  # both kinds in each sample (~15% stale)
+    assert compressed.stale == stale_seen  # every stale row counted, nothing else
+
+    # K minibatches per call, as the learner gets them, with varied priorities: intact rows still
+    # match their slots and have weight (p + eps)^(-alpha beta) divided by their minibatch's largest
+    # (stale rows count in that largest: they are zeroed after normalising); stale rows keep
+    # their priority when the learner writes |TD| back.
     prio = rng.uniform(0.1, 3.0, capacity)
     compressed.update_priorities(np.arange(capacity), compressed.write_count.copy(), prio)
-    compressed.beta, before = 0.5, compressed.redrawn
+    compressed.beta, before = 0.5, compressed.stale
     for _ in range(20):
-        batch, indexes, _ = compressed.sample(32, 8)
-        np.testing.assert_array_equal(batch["obs"], truth["obs"][indexes])
-        np.testing.assert_array_equal(batch["next_obs"], truth["next_obs"][indexes])
+        batch, indexes, stamps = compressed.sample(32, 8)
+        stale = check(batch, indexes, stamps)
         raw = ((prio[indexes] + 1e-6) ** (-0.6 * 0.5)).reshape(8, 32)
-        np.testing.assert_allclose(batch["weights"].reshape(8, 32), raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
-    assert compressed.redrawn > before
+        expected = (raw / raw.max(axis=1, keepdims=True)).reshape(-1)
+        np.testing.assert_allclose(batch["weights"][~stale], expected[~stale], rtol=1e-4)
+        kept = compressed.update_priorities(indexes, stamps, np.full(len(indexes), 77.0))
+        assert kept == (~stale).sum()
+        np.testing.assert_array_equal(compressed.priority[indexes[stale]], prio[indexes[stale]])
+        assert np.all(compressed.priority[indexes[~stale]] == 77.0)
+        prio[indexes[~stale]] = 77.0
+    assert compressed.stale > before
 
 
 def test_replay_memory_per_transition_is_about_one_frame():
-    """Bound, for 84x84 frames (7,056 B): one frame per transition plus the ring's margin
-    (capacity_for: 10% plus a constant, < 7,800 B), the row (two stacks of 4 int64 frame numbers,
-    action, reward, discount: 80 B), cpprb's sum and min trees and our write counter and priority
-    mirror (< 64 B): under 8,000 B. The naive layout keeps 2 x 4 frames: 56,448 B, which the same
+    """Bound, for 84x84 frames (7,056 B): one frame per transition plus the ring's 10% margin
+    (< 7,800 B), the row (two stacks of 4 int64 frame numbers, action, reward, discount: 80 B),
+    cpprb's sum and min trees and our write counter and priority mirror (< 64 B): under 8,000 B.
+    The ring's constant 4,096 frames more (FrameStore.capacity) are allocated but untouched until
+    written: they count in the arrays' bytes, not in the RSS, and are taken out of the arrays'
+    per-transition figure. The naive layout keeps 2 x 4 frames: 56,448 B, which the same
     measurement must see (so the measurement itself can fail)."""
 
     def measure(layout, capacity):
@@ -157,7 +202,8 @@ def test_replay_memory_per_transition_is_about_one_frame():
     compressed = measure("compressed", 20_000)
     naive = measure("naive", 3_000)
     assert compressed["rss_bytes_per_transition"] < 8_000, compressed
-    assert compressed["array_bytes_per_transition"] < 8_000, compressed
+    constant = 4_096 * 84 * 84 / compressed["capacity"]  # the ring's fixed frames, over the transitions
+    assert compressed["array_bytes_per_transition"] - constant < 8_000, compressed
     assert naive["rss_bytes_per_transition"] > 50_000, naive
 
 
@@ -211,7 +257,8 @@ def test_preset_fills_defaults_and_given_flags_still_win():
     assert dqn.parse_args([]).learning_rate == dqn.Args().learning_rate
 
 
-def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
+def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path, monkeypatch):
+    short_ale_episodes(monkeypatch, 1_000)  # a 1-episode evaluation in seconds
     run_dir = str(tmp_path / "pong")
     small = dict(
         env_id="ALE/Pong-v5",
@@ -220,14 +267,13 @@ def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path):
         batch_size=16,
         updates_per_call=4,
         eval_episodes=1,
-        max_episode_frames=1_000,
         eval_every=10_000,
         log_every=100,
         checkpoint_every=0,
         run_dir=run_dir,
     )
     args = dqn.Args(**{**dqn.ATARI_PRESET, "preset": "atari", "total_timesteps": 400, **small})
-    result = dqn.main(args)
+    result = dqn.train(args)
     assert result["sgd_steps"] == (400 - 200) // 4 // 4 * 4
     assert np.isfinite(result["eval_mean"]) and -21 <= result["eval_mean"] <= 21
     arrays = dqn.load_npz(run_dir, "checkpoint")[1]

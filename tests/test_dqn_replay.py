@@ -1,9 +1,11 @@
 """Prioritized replay: insertion priority, IS weights, beta schedule, stale-slot guard, uniform
-mode, checkpoint state; and the prefetch / priority-writer threads."""
+mode, checkpoint state; and sample_batches / write_priorities on thread pools as train() runs them
+(one thread samples ahead, another writes the priorities back)."""
 
-import threading
+import concurrent.futures
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import load_script
@@ -118,10 +120,10 @@ def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(sto
     state = rp.state_dict()
 
     other = make(capacity=8, alpha=1.0, eps=0.0)
-    other.load_state_dict(state, "state")
+    other.load_state_dict(state, "state", num_actions=3)
     assert other.buffer.get_stored_size() == stored
     assert other.buffer.get_next_index() == next_index
-    assert other.max_priority() == 99.0
+    assert other.buffer.get_max_priority() == 99.0
     np.testing.assert_array_equal(other.priority[:stored], rp.priority[:stored])
     a, b = rp.buffer.get_all_transitions(), other.buffer.get_all_transitions()
     for k in a:
@@ -132,60 +134,108 @@ def test_state_dict_round_trip_restores_slots_priorities_and_insert_position(sto
     np.testing.assert_allclose(np.bincount(idx, minlength=stored) / 4000, expected, atol=0.03)
 
 
-# --- threads ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "member,value",
+    [("replay/action", 3), ("replay/action", -1), ("replay/discount", 1.5), ("replay/priority", 100.0)],
+)
+def test_load_state_dict_refuses_rows_out_of_range(member, value):
+    """Actions must lie in [0, num_actions), discounts in [0, 1], priorities at most the max."""
+    rp = make(capacity=8, alpha=1.0, eps=0.0)
+    rp.add(rows(5))
+    rp.flush()
+    state = {k: v.copy() for k, v in rp.state_dict().items()}
+    make(capacity=8, alpha=1.0, eps=0.0).load_state_dict(state, "state", num_actions=3)  # as saved: loads
+    state[member][2] = value
+    other = make(capacity=8, alpha=1.0, eps=0.0)
+    with pytest.raises(dqn.ConfigError, match="out of range"):
+        other.load_state_dict(state, "state", num_actions=3)
+    assert other.buffer.get_stored_size() == 0  # nothing of the bad file went in
 
 
-def test_prefetcher_delivers_every_item_in_order_and_stops_cleanly():
-    produced = iter(range(100))
-    lock = threading.Lock()
+# --- sample_batches and write_priorities on thread pools, as train() runs them ---------------
 
-    def produce():
-        with lock:
-            return next(produced)
 
-    pf = dqn.Prefetcher(produce, size=3)
-    got = [pf.get() for _ in range(50)]
-    assert got == list(range(50))
+def sampling_setup(k=2, b=4, capacity=32):
+    """A filled replay (slot i holds obs [i, i]), the Args and batch sharding train() would use."""
+    rp = make(capacity=capacity, alpha=0.6)
+    rp.add(rows(capacity))
+    rp.flush()
+    args = dqn.Args(batch_size=b, updates_per_call=k)
+    return rp, args, dqn.learner_shardings(args).batch
+
+
+def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
+    k, b, prefetch = 2, 4, 3
+    rp, args, sharding = sampling_setup(k, b)
+    drawn, real_sample = [], rp.sample
+
+    def recording_sample(*a, **kw):  # what each draw on the prefetch thread returned, in call order
+        out = real_sample(*a, **kw)
+        drawn.append(out[1].copy())
+        return out
+
+    rp.sample = recording_sample
+    sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+    ahead, got = [], []
+    for _ in range(50):
+        while len(ahead) < prefetch:
+            ahead.append(sampler.submit(dqn.sample_batches, rp, args, sharding))
+        batches, indexes, stamps = ahead.pop(0).result()
+        assert batches["obs"].sharding == sharding  # on the learner's device(s), split along B
+        obs = np.asarray(batches["obs"])
+        assert obs.shape == (k, b, 2) and np.asarray(batches["weights"]).shape == (k, b)
+        np.testing.assert_array_equal(obs[..., 0].reshape(-1), indexes)  # rows and indexes together
+        np.testing.assert_array_equal(stamps, rp.write_count[indexes])
+        got.append(indexes)
+    assert len(drawn) >= 50
+    for i, indexes in enumerate(got):  # the i-th batch taken is the i-th drawn
+        np.testing.assert_array_equal(indexes, drawn[i])
+    assert len({tuple(i) for i in got}) > 40  # independent draws, so an order mix-up would show
     t0 = time.perf_counter()
-    pf.close()
+    sampler.shutdown(cancel_futures=True)
     assert time.perf_counter() - t0 < 2.0
-    assert not pf._thread.is_alive()
+    assert not any(t.is_alive() for t in sampler._threads)
 
 
-def test_prefetcher_reraises_producer_errors():
-    calls = []
+def test_a_sampling_error_is_raised_by_the_future_of_that_call():
+    rp, args, sharding = sampling_setup()
+    calls, real_sample = [], rp.sample
 
-    def produce():
+    def failing_sample(*a, **kw):
         calls.append(1)
         if len(calls) > 2:
             raise ValueError("boom")
-        return len(calls)
+        return real_sample(*a, **kw)
 
-    pf = dqn.Prefetcher(produce, size=1)
-    assert pf.get() == 1 and pf.get() == 2
-    with pytest.raises(RuntimeError, match="boom"):
-        pf.get()
-    pf.close()
+    rp.sample = failing_sample
+    with concurrent.futures.ThreadPoolExecutor(1, "prefetch") as sampler:
+        ahead = [sampler.submit(dqn.sample_batches, rp, args, sharding) for _ in range(3)]
+        assert all(len(f.result()[1]) == args.updates_per_call * args.batch_size for f in ahead[:2])
+        with pytest.raises(ValueError, match="boom"):
+            ahead[2].result()
 
 
-def test_priority_writer_applies_updates_and_reports_errors():
+def test_write_priorities_writes_back_in_submission_order_and_reports_errors():
     rp = make(capacity=8, alpha=1.0, eps=0.0)
     rp.add(rows(8))
     rp.flush()
-    _, idx, stamps = rp.sample(16)
-    w = dqn.PriorityWriter(rp)
-    td = np.arange(16, dtype=np.float32).reshape(2, 8)  # [K, B] as the learner returns them
-    w.submit(idx, stamps, td, 0)
-    w.flush()
-    last = {}
-    for i, p in zip(idx, np.abs(td).reshape(-1)):
-        last[int(i)] = p
-    for i, p in last.items():
-        assert rp.priority[i] == p
-    w.submit(idx[:3], stamps[:2], np.ones((1, 3)), 2)  # mismatched lengths: fails in the thread
-    with pytest.raises(RuntimeError, match="priority writer failed"):
-        w.flush()
-    w.close()
+    _, idx, stamps = rp.sample(8, 2)
+    td = jnp.arange(16, dtype=jnp.float32).reshape(2, 8)  # [K, B] on the device, as the learner returns
+    with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
+        assert writer.submit(dqn.write_priorities, rp, True, idx, stamps, td, 0).result() is None
+        last = {}
+        for i, p in zip(idx, np.asarray(td).reshape(-1)):
+            last[int(i)] = p
+        for i, p in last.items():
+            assert rp.priority[i] == p
+        # Two calls' writes to the same slots, queued together: the later call's values stay.
+        first = writer.submit(dqn.write_priorities, rp, True, idx[:4], stamps[:4], np.full((1, 4), 3.0), 32)
+        second = writer.submit(dqn.write_priorities, rp, True, idx[:4], stamps[:4], np.full((1, 4), 9.0), 33)
+        first.result(), second.result()
+        assert np.all(rp.priority[idx[:4]] == 9.0)
+        bad = writer.submit(dqn.write_priorities, rp, True, idx[:3], stamps[:2], np.ones((1, 3)), 34)
+        with pytest.raises(ValueError):  # mismatched lengths: fails in the thread, raised by result()
+            bad.result()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -193,18 +243,21 @@ def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tre
     rp = make(capacity=8, alpha=1.0, eps=0.0)
     rp.add(rows(8))
     rp.flush()
-    before = rp.priority.copy()
     _, idx, stamps = rp.sample(4, 3)
+    rp.update_priorities(np.arange(8), rp.write_count.copy(), np.linspace(1.0, 2.0, 8))
+    before, max_before = rp.priority.copy(), rp.buffer.get_max_priority()
     td = np.ones((3, 4))
     td[2, 1] = bad  # the third of the K = 3 steps after SGD step 100
-    w = dqn.PriorityWriter(rp)
-    w.submit(idx, stamps, td, 100)
-    with pytest.raises(dqn.Diverged, match="SGD step 103"):
-        w.flush()
-    w.close()
-    np.testing.assert_array_equal(rp.priority, before)
-    batch, _, _ = rp.sample(8)
+    with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
+        future = writer.submit(dqn.write_priorities, rp, True, idx, stamps, jnp.asarray(td), 100)
+        with pytest.raises(dqn.RunFailed, match="the learner diverged: non-finite TD error at SGD step 103"):
+            future.result()
+    np.testing.assert_array_equal(rp.priority, before)  # not even the finite steps' rows were written
+    assert rp.buffer.get_max_priority() == max_before
+    batch, sampled, _ = rp.sample(2000)
     assert np.isfinite(batch["weights"]).all()
+    # cpprb's tree still holds the priorities from before: slots drawn in proportion to them.
+    np.testing.assert_allclose(np.bincount(sampled, minlength=8) / 2000, before[:8] / before[:8].sum(), atol=0.04)
     # The replay itself refuses what would poison cpprb's sums, whoever calls it.
     for poison in (np.nan, -1.0):
         with pytest.raises(ValueError, match="finite and >= 0"):
@@ -217,11 +270,9 @@ def test_uniform_runs_check_for_divergence_but_write_nothing():
     rp.flush()
     before = rp.priority.copy()
     _, idx, stamps = rp.sample(4, 2)
-    w = dqn.PriorityWriter(rp, write=False)
-    w.submit(idx, stamps, np.full((2, 4), 5.0), 0)
-    w.flush()
-    np.testing.assert_array_equal(rp.priority, before)
-    w.submit(idx, stamps, np.full((2, 4), np.nan), 64)
-    with pytest.raises(dqn.Diverged, match="SGD step 65"):
-        w.flush()
-    w.close()
+    with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
+        writer.submit(dqn.write_priorities, rp, False, idx, stamps, np.full((2, 4), 5.0), 0).result()
+        np.testing.assert_array_equal(rp.priority, before)
+        future = writer.submit(dqn.write_priorities, rp, False, idx, stamps, np.full((2, 4), np.nan), 64)
+        with pytest.raises(dqn.RunFailed, match="SGD step 65"):
+            future.result()

@@ -1,6 +1,8 @@
 """MinAtar in dqn_prioritized.py (issue 14): feature planes told apart by their space, the MinAtar
 paper's network, its centred RMSProp checked against torch's update rule, and --preset minatar."""
 
+import sys
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -34,7 +36,8 @@ gym.register("TestPlanes-v0", entry_point=Planes, max_episode_steps=20)
 def test_planes_are_kept_as_they_are(env_id, channels):
     envs = dqn.make_env(env_id, 2)
     space = envs.single_observation_space
-    obs = dqn.seed_envs(envs, 0)
+    envs.action_space.seed(0)
+    obs, _ = envs.reset(seed=0)
     envs.close()
     assert dqn.is_planes(space) and not dqn.is_image(space)
     assert space.shape == (10, 10, channels) and obs.dtype == np.bool_ and obs.shape == (2, 10, 10, channels)
@@ -59,8 +62,9 @@ def test_network_is_the_minatar_papers():
 
 
 def test_rmsprop_is_torchs_centred_rmsprop():
-    """torch.optim.RMSprop(lr, alpha, eps, centered=True), which the MinAtar paper's DQN used, in
-    numpy: v = a v + (1-a) g^2; m = a m + (1-a) g; theta -= lr g / (sqrt(v - m^2) + eps)."""
+    """torch.optim.RMSprop(lr, alpha=0.95, eps=0.01, centered=True), which the MinAtar paper's DQN
+    used (the script's fixed settings for --optimizer rmsprop), in numpy: v = a v + (1-a) g^2;
+    m = a m + (1-a) g; theta -= lr g / (sqrt(v - m^2) + eps)."""
     args = dqn.Args(**dqn.MINATAR_PRESET, max_grad_norm=1e9)
     optimizer = dqn.make_optimizer(args, 100)
     rng = np.random.default_rng(0)
@@ -72,10 +76,10 @@ def test_rmsprop_is_torchs_centred_rmsprop():
         g = rng.normal(size=theta.shape).astype(np.float32) * rng.uniform(0.01, 2.0)
         updates, state = optimizer.update(jnp.asarray(g), state, params)
         params = params + updates
-        a = args.rmsprop_decay
+        a, eps = 0.95, 0.01
         v = a * v + (1 - a) * g.astype(np.float64) ** 2
         m = a * m + (1 - a) * g
-        ref = ref - args.learning_rate * g / (np.sqrt(v - m**2) + args.rmsprop_eps)
+        ref = ref - args.learning_rate * g / (np.sqrt(v - m**2) + eps)
     np.testing.assert_allclose(np.asarray(params), ref, rtol=1e-5, atol=1e-7)
     # Not Adam, and eps outside the root (inside it, the step would differ by far more than that).
     assert not np.allclose(np.asarray(params), theta, atol=1e-6)
@@ -97,7 +101,8 @@ def test_preset_minatar_from_the_command_line():
 
 
 def test_minatar_without_the_package_is_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(dqn, "importable", lambda name: False)
+    for module in ("minatar", "minatar.gym"):  # `import minatar.gym` raises ImportError, as when not installed
+        monkeypatch.setitem(sys.modules, module, None)
     monkeypatch.delitem(gym.registry, "MinAtar/Asterix-v1", raising=False)
     assert dqn.cli(["--env-id", "MinAtar/Asterix-v1"]) == 2
     err = capsys.readouterr().err

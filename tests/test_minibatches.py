@@ -3,11 +3,16 @@ is a proportional (or uniform) sample of the *whole* replay, and the priorities 
 minibatch row land on the slot that row came from.
 
 The batches are taken from each script's own `sample_batches` (what its prefetch thread runs),
-with rows that carry their slot number in obs[:, 0]. cpprb's sampler cannot be seeded, so each
-statistical threshold sits many standard errors away from the value it checks while the sampling
-bug this guards against (issue 11: one K*B stratified draw cut into K minibatches, so minibatch k
-saw only the k-th 1/K of the buffer) misses it by a wide margin.
+with rows that carry their slot number in obs[:, 0], and the priorities go back through its
+writer (dqn_prioritized.py: `write_priorities` on a thread pool, as its train() runs it). Weights
+and priorities are checked against each row's own slot, not only the indexes the script reports.
+cpprb's sampler cannot be seeded, so each statistical threshold sits many standard errors away
+from the value it checks while the sampling bug this guards against (issue 11: one K*B stratified
+draw cut into K minibatches, so minibatch k saw only the k-th 1/K of the buffer) misses it by a
+wide margin.
 """
+
+import concurrent.futures
 
 import numpy as np
 import pytest
@@ -30,15 +35,20 @@ class Replay:
         if name == "sac":
             self.replay = self.mod.PrioritizedReplay(n, 2, 1, alpha, eps, weight_norm)
             rows["action"] = np.zeros((n, 1), np.float32)
-        else:
-            self.replay = self.mod.PrioritizedReplay(n, (2,), np.float32, alpha, eps, None, weight_norm)
+        else:  # IS weights normalised per minibatch only (no by-buffer option)
+            assert weight_norm == "batch", "dqn_prioritized.py normalises IS weights per minibatch only"
+            self.replay = self.mod.PrioritizedReplay(n, (2,), np.float32, alpha, eps, None)
             rows["action"] = np.zeros(n, np.int64)
         self.replay.add(rows)
         self.replay.flush()
 
     def call(self, batch_size: int, num_batches: int):
         """(batches[K, B] as numpy, indexes[K * B], stamps or None) from the script's sample_batches."""
-        out = self.mod.sample_batches(self.replay, batch_size, num_batches)
+        if self.name == "dqn_prioritized":  # sample_batches(replay, args, sharding), as train() calls it
+            args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)
+            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
+        else:
+            out = self.mod.sample_batches(self.replay, batch_size, num_batches)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
         return batches, out[1], (out[2] if len(out) == 3 else None)
 
@@ -49,14 +59,19 @@ class Replay:
         else:
             self.replay.update_priorities(slots, self.replay.write_count[slots].copy(), priorities)
 
-    def writer(self):
-        return self.mod.PriorityWriter(self.replay)
-
-    def submit(self, writer, indexes, stamps, priorities) -> None:
+    def write_back(self, indexes, stamps, priorities) -> None:
+        """priorities[K, B] through the script's writer thread, waited for."""
+        if self.name == "dqn_prioritized":  # write_priorities on a one-thread pool, as train() runs it
+            with concurrent.futures.ThreadPoolExecutor(1) as writer:
+                writer.submit(self.mod.write_priorities, self.replay, True, indexes, stamps, priorities, 0).result()
+            return
+        writer = self.mod.PriorityWriter(self.replay)
         if stamps is None:
             writer.submit(indexes, priorities, 0)
         else:
             writer.submit(indexes, stamps, priorities, 0)
+        writer.flush()
+        writer.close()
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
@@ -122,11 +137,8 @@ def test_priorities_computed_for_a_row_land_on_that_rows_slot(name):
     batches, indexes, stamps = r.call(batch_size, k)
     # A learner whose |TD| for a row is a function of the row's own content ([K, B], as returned).
     priorities = 1.0 + 0.01 * batches["obs"][..., 0]
-    w = r.writer()
-    r.submit(w, indexes, stamps, priorities)
-    w.flush()
-    w.close()
-    sampled = np.unique(indexes)
+    r.write_back(indexes, stamps, priorities)
+    sampled = np.unique(batches["obs"][..., 0].astype(np.int64))  # the rows' own slots, not the indexes
     np.testing.assert_allclose(r.replay.priority[sampled], 1.0 + 0.01 * sampled, rtol=1e-6)
     untouched = np.setdiff1d(np.arange(n), sampled)
     assert np.all(r.replay.priority[untouched] == 1.0)
@@ -139,13 +151,14 @@ def test_importance_weights_by_minibatch_or_by_buffer(name):
     prob = (priorities + eps) ** alpha
     prob /= prob.sum()
     w_all = (n * prob) ** -beta
-    for norm in ("batch", "buffer"):
+    # dqn_prioritized.py normalises per minibatch only; the others also offer cpprb's by-buffer rule.
+    for norm in ("batch",) if name == "dqn_prioritized" else ("batch", "buffer"):
         r = Replay(name, n, alpha, eps, weight_norm=norm)
         r.set_priorities(priorities)
         r.replay.beta = beta
-        batches, indexes, _ = r.call(batch_size, k)
+        batches, _, _ = r.call(batch_size, k)
         w = batches["weights"]
-        raw = w_all[indexes].reshape(k, batch_size)
+        raw = w_all[batches["obs"][..., 0].astype(np.int64)]  # by each row's own slot, [K, B]
         if norm == "batch":  # Acme / Dopamine: the largest weight of each minibatch is 1
             np.testing.assert_allclose(w, raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
         else:  # cpprb: divided by the largest weight over the buffer (the smallest priority)
