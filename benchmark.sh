@@ -246,36 +246,50 @@ PY
     wait
     "$PYTHON" - "$RUNS/atari/prefetch.json" "$NSEEDS" <<'PY'
 # Prefetch on vs off for DQN on pixels: SGD updates/s of --preset atari's jitted update (K x 32 per
-# call) on a 50k-transition frame-store replay, batches from the Prefetcher thread or sampled and
-# put on the device in the learner's own loop, side by side in one process; priorities written
-# back by the PriorityWriter in both. Works unchanged on a GPU machine.
-import json, os, statistics, sys, time
+# call) on a 50k-transition frame-store replay, batches from sample_batches on a prefetch thread
+# kept --prefetch-size calls ahead (train()'s), or sampled and put on the device in the learner's
+# own loop, side by side in one process; priorities written back by write_priorities on a writer
+# thread in both, as train() does. Works unchanged on a GPU machine.
+import collections, concurrent.futures, json, os, statistics, sys, time
 sys.path.insert(0, "tests")
 from replay_memory import filled_replay, load_script
 dqn = load_script("dqn_prioritized")
 import jax
-jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn_prioritized.main does
+jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn_prioritized.train does
 args = dqn.Args(**dqn.ATARI_PRESET)
 K, B, CALLS = args.updates_per_call, args.batch_size, 10
 replay = filled_replay("compressed", 50_000, 1000)
 replay.beta = 0.4
+shardings = dqn.learner_shardings(args)
 network = dqn.QNetwork(6, args.hidden_sizes)
 optimizer = dqn.make_optimizer(args, 10_000)
 state = dqn.init_train_state(network, optimizer, (4, 84, 84), jax.random.PRNGKey(0))
+state = jax.device_put(state, shardings.replicated)  # placed as train() places it
 update = dqn.make_update(network.apply, optimizer, args, unroll=jax.default_backend() == "cpu")
-writer = dqn.PriorityWriter(replay)
+sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
 def sample():
-    return dqn.sample_batches(replay, B, K)
+    return dqn.sample_batches(replay, args, shardings.batch)
+def prefetched():
+    """train()'s prefetch: top up to --prefetch-size calls in flight, take the oldest."""
+    ahead = collections.deque()
+    def get():
+        while len(ahead) < args.prefetch_size:
+            ahead.append(sampler.submit(sample))
+        return ahead.popleft().result()
+    return get, ahead
 sgd_steps = 0
 def timed(get, calls):
     global state, sgd_steps
+    writes = []
     start = time.perf_counter()
     for _ in range(calls):
         batches, indexes, stamps = get()
         state, metrics, priorities = update(state, batches)
-        writer.submit(indexes, stamps, priorities, sgd_steps)
+        writes.append(writer.submit(dqn.write_priorities, replay, args.prioritized, indexes, stamps, priorities, sgd_steps))
         sgd_steps += K
-    writer.flush()
+    for w in writes:
+        w.result()  # all written back (and a divergence raised) before the clock stops
     return calls * K / (time.perf_counter() - start)
 timed(sample, 1)  # compile
 start = time.perf_counter()
@@ -285,10 +299,12 @@ sample_ms = (time.perf_counter() - start) / CALLS * 1000
 off, on = [], []
 for _ in range(int(sys.argv[2])):
     off.append(timed(sample, CALLS))
-    prefetcher = dqn.Prefetcher(sample, args.prefetch_size)
-    on.append(timed(prefetcher.get, CALLS))
-    prefetcher.close()
-writer.close()
+    get, ahead = prefetched()
+    on.append(timed(get, CALLS))
+    for left in ahead:
+        left.result()  # the draws still in flight finish before the next timing
+sampler.shutdown()
+writer.shutdown()
 result = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "updates_per_call": K,
           "batch_size": B, "sample_and_put_ms_per_call": sample_ms,
           "updates_per_second_prefetch_on": statistics.median(on),

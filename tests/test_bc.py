@@ -1,6 +1,7 @@
 """BC: dataset readers (D4RL HDF5, Minari folder, npz), trajectory split and top fraction, the
 writers' files, normalisation saved and restored, losses, bad input, import hygiene."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +31,16 @@ FAST = [
     "--log-every",
     "100",
 ]
+
+
+def load_tool(name: str):
+    """Import tools/<name>.py (the DQN script it imports is the one load_script registered)."""
+    if os.path.join(ROOT, "tools") not in sys.path:  # the tools import each other
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def episodes_data(rng, lengths, obs_dim=3, action_dim=1, terminal_last=(True,)):
@@ -274,18 +285,19 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
                 "2",
                 "--run-dir",
                 str(tmp_path / "dqn"),
-                "--save-dataset",
-                data2,
-                "--dataset-episodes",
-                "3",
-                "--dataset-epsilon",
-                "0.5",
             ]
         )
         == 0
     )
+    # DQN's datasets come from tools/dqn_dataset.py, on the run's model.npz.
+    dataset_tool = load_tool("dqn_dataset")
+    assert dataset_tool.main([str(tmp_path / "dqn"), data2, "--episodes", "3", "--epsilon", "0.5"]) == 0
     ds2 = bc.read_dataset(data2)
     assert ds2.actions.ndim == 1 and (ds2.terminals | ds2.timeouts).sum() == 3
+    assert ds2.metadata["env_id"] == "CartPole-v1" and ds2.metadata["dataset_epsilon"] == 0.5
+    assert ds2.metadata["ref_min_score"] > 0 and "ref_max_score" in ds2.metadata
+    # Every step of the 3 episodes is in it: their mean return is the rewards' sum over 3.
+    assert ds2.metadata["episodes"] == 3 and ds2.metadata["mean_return"] == pytest.approx(ds2.rewards.sum() / 3)
 
     run = str(tmp_path / "bc")
     assert bc.cli(FAST + ["--dataset", data, "--total-updates", "200", "--run-dir", run]) == 0

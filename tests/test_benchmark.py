@@ -282,8 +282,9 @@ def test_sac_flops_counts_what_the_networks_compute(tmp_path):
 
 def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
     """tools/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
-    it times add up with the rest of the loop to the loop's own time per env step, and the loop
-    is the speed comparison's DQN run (tools/speed_vs_sbx.py's flags)."""
+    it times add up with the rest of the loop to the loop's own time per env step, the worker
+    threads' calls are reported beside them, and the loop is the speed comparison's DQN run
+    (tools/speed_vs_sbx.py's flags)."""
     out_path = tmp_path / "costs.json"
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
@@ -302,6 +303,13 @@ def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
     assert set(parts) == {"env step", "env step, bare", "act", "store", "update"}
     assert all(us > 0 for us in parts.values())
     assert parts["update"] == pytest.approx(r["update_call_us"] / (K * train_frequency))
+    # The worker threads' calls (sample_batches, write_priorities) are reported beside the parts,
+    # amortised the same way, and kept out of the sum.
+    threads, amortised = r["other_threads_per_call_us"], r["other_threads_per_env_step_us"]
+    assert set(threads) == set(amortised) == {"sample_batches", "write_priorities"}
+    assert all(us > 0 for us in threads.values())
+    for name, us in threads.items():
+        assert amortised[name] == pytest.approx(us / (K * train_frequency))
     assert r["loop"]["steps"] == 12000 and r["loop"]["per_env_step_us"] == pytest.approx(
         1e6 / r["loop"]["learning_sps"]
     )

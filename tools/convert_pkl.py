@@ -5,7 +5,8 @@
 Only for a file you trust: this is the one place in the project that unpickles, and unpickling
 runs whatever code the file holds. The scripts themselves refuse .pkl files. The parameters are
 checked against the network the script builds for the file's flags (count, shape, dtype of each
-leaf) and written with the script's own writer, so the result loads with --eval-only --load.
+leaf) and written with the script's own writer, so the result loads as the script's own model.npz
+(DQN: tools/dqn_evaluate.py runs/<run>; SAC and BC: --eval-only --load).
 
 Old checkpoint.pkl files are not converted: their replay and optimiser state are tied to the
 code that wrote them. Convert the run's model.pkl, or retrain.
@@ -38,10 +39,11 @@ def template_params(m, old: dict, args):
 
     key = jax.random.PRNGKey(0)
     if m.SCRIPT == "dqn_prioritized":
-        envs = m.make_env(args.env_id, 1, max_episode_frames=args.max_episode_frames)
-        n, shape = int(envs.single_action_space.n), envs.single_observation_space.shape
+        envs = m.make_env(args.env_id, 1)
+        n, space = int(envs.single_action_space.n), envs.single_observation_space
         envs.close()
-        return m.QNetwork(n, args.hidden_sizes).init(key, jnp.zeros((1,) + shape, jnp.float32)), {}
+        network = m.QNetwork(n, args.hidden_sizes, planes=m.is_planes(space))
+        return network.init(key, jnp.zeros((1,) + space.shape, jnp.float32)), {}
     if m.SCRIPT == "sac":
         obs_dim, action_dim = m.env_dims(args.env_id)
         return m.Actor(action_dim, args.hidden_sizes).init(key, jnp.zeros((1, obs_dim))), {}
@@ -65,22 +67,26 @@ def convert(path: str) -> str:
     try:
         flags = json.loads(json.dumps(old["args"], default=lambda x: x.item() if hasattr(x, "item") else str(x)))
         args = m.args_from_json(flags, path)
+        template, extra = template_params(m, old, args)  # makes the env: a ConfigError if it cannot
     except m.ConfigError as e:
         raise SystemExit(f"convert_pkl.py: error: {e}") from None
-    template, extra = template_params(m, old, args)
     leaves, treedef = jax.tree_util.tree_flatten(template)
     saved = [np.asarray(x) for x in old["params"]]
     if len(saved) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(saved, leaves)):
         raise SystemExit(f"{path}: its parameters do not fit the network {script}.py builds for its flags")
     params = jax.tree_util.tree_unflatten(treedef, saved)
-    meta = {"format": m.CHECKPOINT_FORMAT, "script": m.SCRIPT, "kind": "model", "args": flags}
+    if script == "dqn_prioritized":  # its flags as the script writes them (an old file's removed ones dropped)
+        flags = json.loads(json.dumps(m.dataclasses.asdict(args)))
+    fmt = m.FORMAT if script == "dqn_prioritized" else m.CHECKPOINT_FORMAT
+    meta = {"format": fmt, "script": m.SCRIPT, "kind": "model", "args": flags}
     if script == "bc_offline":
         meta.update({k: old.get(k) for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")})
         meta["out_dim"] = int(meta["out_dim"])
         for k in ("ref_min", "ref_max"):
             meta[k] = None if meta[k] is None else float(meta[k])
     out = os.path.splitext(path)[0] + ".npz"
-    m.save_npz_atomic(out, meta, {**m.tree_arrays("params/", params), **extra})
+    save = m.save_npz if script == "dqn_prioritized" else m.save_npz_atomic
+    save(out, meta, {**m.tree_arrays("params/", params), **extra})
     return out
 
 

@@ -92,11 +92,13 @@ def main(argv=None) -> int:
         dqn.require(
             0 < options.episodes <= 1024 and 0 <= options.epsilon <= 1, "--episodes in 1..1024, --epsilon in [0, 1]"
         )
+        folder = os.path.dirname(os.path.abspath(options.out))
+        dqn.require(os.path.isdir(folder), f"{folder} is not a folder")
         dqn.jax.config.update("jax_cpu_enable_async_dispatch", False)
         write_dataset(options)
     except (dqn.ConfigError, dqn.RunFailed) as e:
         print(f"dqn_dataset.py: error: {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, dqn.ConfigError) else 1
     return 0
 
 

@@ -67,6 +67,7 @@ def main(argv=None) -> int:
         if options.capture_video:
             video = (os.path.join(os.path.dirname(os.path.abspath(path)), "videos"), "eval")
             dqn.require(not os.path.islink(video[0]), f"{video[0]} is a symlink: not written")
+            dqn.check_args(dqn.Args(capture_video=True))  # moviepy is there
         returns = dqn.evaluate(act, params, env_fn, options.episodes, epsilon, seed, video)
     except dqn.ConfigError as e:
         print(f"dqn_evaluate.py: error: {e}", file=sys.stderr)

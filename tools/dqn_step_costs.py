@@ -12,9 +12,13 @@ replay). Two measurements, one after the other in one sitting:
            act               the jitted epsilon-greedy call with its result read back (make_act);
            store             n-step assembly and the replay's staged insert (NStepAssembler.push,
                              PrioritizedReplay.add) of the env's transitions, one timed pass;
-           update            one fused update call (K SGD steps, batches on the device), its
-                             result waited for, divided by the K * train_frequency env steps it
-                             serves;
+           update            one fused update call (make_update: K SGD steps on batches that
+                             sample_batches put on the device, the state placed as train()
+                             places it), its result waited for, divided by the K *
+                             train_frequency env steps it serves;
+         and, not in the sum (train() runs them on its two worker threads), the per-call cost of
+         the prefetch thread's sample_batches and of the writer thread's write_priorities, also
+         put per env step as the update is (other_threads_per_env_step_us);
   loop:  the script itself run as a subprocess for --loop-steps env steps with those flags: the
          median env steps/s over its log windows that learned (benchmark_summary.read_throughput),
          as microseconds per env step. The part of it the pieces above do not explain is the
@@ -108,20 +112,18 @@ def parts(args, repeats: int, calls: int) -> dict:
     store()  # one pass over the stream, as the loop makes it: a repeat would push it twice
     costs["store"] = (time.perf_counter() - start) / len(recorded) * 1e6
 
-    K, B = args.updates_per_call, args.batch_size
+    # The learner as train() runs it: the state replicated on the learner's devices, batches[K, B]
+    # drawn from the replay that "store" filled and put on the devices by sample_batches (the
+    # prefetch thread's call), priorities checked and written back by write_priorities (the writer
+    # thread's call). The state must be placed as train() places it: an unplaced state compiles
+    # the update a second time on its second call, inside the timing.
+    K = args.updates_per_call
+    shardings = dqn.learner_shardings(args)
     update = dqn.make_update(network.apply, optimizer, args)
-    rng = np.random.default_rng(args.seed)
-    batches = jax.device_put(
-        {
-            "obs": rng.normal(size=(K, B) + obs.shape[1:]).astype(np.float32),
-            "next_obs": rng.normal(size=(K, B) + obs.shape[1:]).astype(np.float32),
-            "action": rng.integers(0, num_actions, (K, B)).astype(np.int64),
-            "reward": np.ones((K, B), np.float32),
-            "discount": np.full((K, B), args.gamma, np.float32),
-            "weights": np.ones((K, B), np.float32),
-        }
-    )
-    state = jax.device_put(state)
+    state = jax.device_put(state, shardings.replicated)
+    replay.flush()
+    replay.beta = args.per_beta0
+    batches, indexes, stamps = dqn.sample_batches(replay, args, shardings.batch)
 
     def update_call(i):
         nonlocal state  # the update donates its input state
@@ -130,10 +132,30 @@ def parts(args, repeats: int, calls: int) -> dict:
 
     call_us = per_call_us(update_call, max(3, calls // 500), repeats)
     costs["update"] = amortized_update_us(call_us, K, args.train_frequency)
+
+    # Off the main thread in train(), so not part of its time per env step (they take a share of
+    # the cores): per call, and per env step as the update is.
+    def sample_call(i):
+        jax.block_until_ready(dqn.sample_batches(replay, args, shardings.batch)[0])
+
+    state, _, priorities = update(state, batches)
+    jax.block_until_ready(priorities)
+    threads = {
+        "sample_batches": per_call_us(sample_call, max(3, calls // 100), repeats),
+        "write_priorities": per_call_us(
+            lambda i: dqn.write_priorities(replay, args.prioritized, indexes, stamps, priorities, 0),
+            max(3, calls // 100),
+            repeats,
+        ),
+    }
     envs.close()
     return {
         "per_env_step_us": costs,
         "update_call_us": call_us,
+        "other_threads_per_call_us": threads,
+        "other_threads_per_env_step_us": {
+            name: amortized_update_us(us, K, args.train_frequency) for name, us in threads.items()
+        },
         "episodes_in_store": int(sum(bool(np.any(r[2] | r[3])) for r in recorded)),
     }
 
@@ -160,7 +182,7 @@ def main() -> None:
     parser.add_argument("--out")
     cli = parser.parse_args()
     args = dqn.parse_args(FLAGS)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn.main does
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as dqn.train does
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine(),

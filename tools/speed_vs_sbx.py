@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,15 @@ SOLVE = {
 }
 
 
+def fresh(stem):
+    """The project's scripts start a run only in a new or empty folder (dqn_prioritized.py refuses
+    another), and an earlier sitting's event files would mix with this one's: a rerun into the same
+    --out starts from nothing."""
+    if os.path.isdir(stem) and not os.path.islink(stem):
+        shutil.rmtree(stem)
+    return stem
+
+
 def timed(cmd, log):
     start = time.time()
     with open(log, "w") as f:
@@ -158,7 +168,7 @@ def main():
             for side in order:
                 stem = os.path.join(a.out, f"same-{algo}-{side}-{pair}")
                 if side == "ours":
-                    cmd = [a.python, *cmds["ours"], *QUIET, "--seed", str(pair), "--run-dir", stem]
+                    cmd = [a.python, *cmds["ours"], *QUIET, "--seed", str(pair), "--run-dir", fresh(stem)]
                 else:
                     cmd = [a.sbx_python, "tools/sbx_peer.py", *cmds["sbx"], "--seed", str(pair)]
                 start, end = timed(cmd, stem + ".log")
@@ -186,7 +196,7 @@ def main():
                 stem = os.path.join(a.out, f"solve-{algo}-{side}-{seed}")
                 common = f"--seed {seed} --total-timesteps {spec['budget']} --eval-every {spec['every']}".split()
                 if side == "ours":
-                    quiet = ["--checkpoint-every", "0", "--checkpoint-minutes", "0", "--run-dir", stem]
+                    quiet = ["--checkpoint-every", "0", "--checkpoint-minutes", "0", "--run-dir", fresh(stem)]
                     cmd = [a.python, *spec["ours"], *common, *quiet]
                     start, end = timed(cmd, stem + ".log")
                     hit = first_solve_time(stem, spec["threshold"])
