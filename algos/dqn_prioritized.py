@@ -42,7 +42,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when jax
 
 import collections
 import concurrent.futures
-import csv
+import contextlib
 import dataclasses
 import functools
 import json
@@ -69,6 +69,7 @@ import tyro
 SCRIPT = "dqn_prioritized"
 FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 FRAME_STACK = 4
+ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
 
 
 @dataclass
@@ -273,14 +274,10 @@ class NStepAssembler:
     def _emit(self, envs, ages, next_obs, terminated):
         first, k, offsets = self.t - 1 - ages, ages + 1, np.arange(self.n)
         rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1)
-        discount = self.powers[k] * (1.0 - terminated)
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
+        discount = (self.powers[k] * (1.0 - terminated)).astype(np.float32)
         return dict(
-            obs=self.obs[first % self.n, envs],
-            action=self.action[first % self.n, envs],
-            reward=ret.astype(np.float32),
-            next_obs=next_obs,
-            discount=discount.astype(np.float32),
+            zip(ROW, (self.obs[first % self.n, envs], self.action[first % self.n, envs], ret, next_obs, discount))
         )
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
@@ -295,13 +292,7 @@ class NStepAssembler:
         if self.all_full and not done.any():  # every env emits its oldest step, no per-env indexing
             oldest = self.t % self.n
             ret = (self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]).astype(np.float32)
-            return dict(
-                obs=self.obs[oldest],
-                action=self.action[oldest],
-                reward=ret,
-                next_obs=next_obs,
-                discount=self.full_discount,
-            )
+            return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
         parts = []
         if (full := np.flatnonzero((self.pending == self.n) & ~done)).size:
@@ -366,13 +357,8 @@ class PrioritizedReplay:
         self.capacity, self.frames, self.beta = capacity, frames, 0.4
         if frames is not None:
             obs_shape, obs_dtype = (FRAME_STACK,), np.int64
-        self.spec = dict(
-            obs=(tuple(obs_shape), obs_dtype),
-            next_obs=(tuple(obs_shape), obs_dtype),
-            action=((), np.int64),
-            reward=((), np.float32),
-            discount=((), np.float32),
-        )
+        kinds = [(tuple(obs_shape), obs_dtype), ((), np.int64), ((), np.float32), (tuple(obs_shape), obs_dtype)]
+        self.spec = dict(zip(ROW, kinds + [((), np.float32)]))  # name: (shape of one row, dtype)
         cpprb_spec = {k: {"shape": shape or 1, "dtype": dtype} for k, (shape, dtype) in self.spec.items()}
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
@@ -463,23 +449,17 @@ class PrioritizedReplay:
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
         get = functools.partial(checked_array, arrays, path=path)
-        prio, k, top = get("replay/priority", (stored,), np.float64), get("replay/next_index", (), np.int64), None
+        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), d) for key, (s, d) in self.spec.items()}
-        in_range = (
-            np.all(prio >= 0)
-            and np.all(prio <= 1e30)
-            and 0 < top <= 1e30
-            and np.all(prio <= top)
-            and 0 <= k < self.capacity
-            and (k == stored or stored == self.capacity)
-            and np.all((data["action"] >= 0) & (data["action"] < num_actions))
-            and np.all((data["discount"] >= 0) & (data["discount"] <= 1))
-            and np.isfinite(data["reward"]).all()
-        )
         require(
-            in_range,
-            f"{path}: the replay's priorities, actions, discounts, rewards or insert position are out of range",
+            0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), f"{path}: replay priorities out of range [0, max]"
+        )
+        full = stored == self.capacity
+        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
+        require(np.all((data["action"] >= 0) & (data["action"] < num_actions)), f"{path}: replay actions out of range")
+        require(
+            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
         )
         if self.frames is not None:
             written = int(get("replay/frames_written", (), np.int64))
@@ -493,7 +473,7 @@ class PrioritizedReplay:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and k:  # rewrite [0, k) so that the next insert lands at k
+                if full and k:  # rewrite [0, k) so that the next insert lands at k
                     self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
                 # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
                 self.buffer.update_priorities(np.array([0]), np.array([top]))
@@ -503,12 +483,14 @@ class PrioritizedReplay:
 
 def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
     """The replay and the n-step assembler feeding it; frame stacks go through a FrameStore."""
-    frames = None
-    if len(obs_space.shape) == 3 and not is_planes(obs_space):
-        frames = FrameStore(args.buffer_size, args.num_envs, obs_space.shape[1:])
+    pixels = len(obs_space.shape) == 3 and not is_planes(obs_space)
+    shape, dtype = ((FRAME_STACK,), np.int64) if pixels else (obs_space.shape, obs_space.dtype)
+    row_bytes = 2 * np.prod(shape) * np.dtype(dtype).itemsize + (np.prod(obs_space.shape[1:]) if pixels else 0)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    require(args.buffer_size * row_bytes < memory, f"--buffer-size {args.buffer_size}: more than this machine's RAM")
+    frames = FrameStore(args.buffer_size, args.num_envs, obs_space.shape[1:]) if pixels else None
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
-    shape, dtype = replay.spec["obs"]
     return replay, NStepAssembler(args.n_step, args.gamma, args.num_envs, shape, dtype, args.clip_reward)
 
 
@@ -666,19 +648,12 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     except ImportError:
         raise ConfigError(f"{env_id} needs its package (MinAtar: pip install minatar)") from None
     except (gym.error.Error, AttributeError, ValueError) as e:
-        raise ConfigError(
-            f"cannot make env {env_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
+        raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)}") from None
     space, ale = probe.observation_space, hasattr(probe.unwrapped, "ale")
     probe.close()
-    require(
-        isinstance(probe.action_space, gym.spaces.Discrete),
-        f"{env_id} has {probe.action_space}; DQN needs Discrete actions (sac.py: continuous)",
-    )
-    require(
-        is_image(space) or is_planes(space) or (isinstance(space, gym.spaces.Box) and len(space.shape) == 1),
-        f"{env_id} has observations {space}; this script takes vectors, uint8 images or bool planes",
-    )
+    vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+    require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
+    require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}: not a vector or image")
     wrappers, kwargs = [], {}
     if is_image(space) and ale:
         wrappers = [functools.partial(gym.wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)]
@@ -759,18 +734,24 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
+def first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
 def write_atomic(path: str, write) -> None:
     """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
     leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp.")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp.")
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        os.remove(tmp)
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
         if isinstance(e, OSError):
             raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
         raise
@@ -804,14 +785,10 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
-    except Exception as e:  # a cut-short zip, an object array, ...
-        raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        meta = json.loads(arrays.pop("meta.json").tobytes())
+    except Exception as e:  # a cut-short zip, an object array, no meta.json, ...
+        raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
     require(all(isinstance(v, np.ndarray) for v in arrays.values()), f"{path} has a member that is not an array")
-    raw = arrays.pop("meta.json", np.zeros(0, np.float32))
-    try:
-        meta = json.loads(raw.tobytes()) if raw.dtype == np.uint8 else None
-    except (ValueError, RecursionError):
-        meta = None
     ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
     require(ours, f"{path} is not a {kind} written by {SCRIPT}.py (format {FORMAT})")
     return meta, arrays
@@ -863,60 +840,52 @@ def args_from_json(saved, path: str) -> Args:
             require(fits(value, hints[name]), f"{path}: flag {name} is {value!r}, not a {hints[name]}")
             values[name] = tuple(value) if isinstance(value, list) else float(value) if hints[name] is float else value
     args = Args(**values)
-    check_args(args)
+    check_args(args, packages=False)
     return args
 
 
-def check_args(args: Args) -> None:
-    """The first bad flag as one ConfigError."""
-    for f in dataclasses.fields(Args):
-        value = getattr(args, f.name)
-        require(not isinstance(value, float) or np.isfinite(value), f"--{f.name} must be a finite number")
-        require(not isinstance(value, int) or abs(value) < 2**31, f"--{f.name} {value} is too large")
-    counts = """total_timesteps num_envs buffer_size batch_size n_step target_network_frequency train_frequency
-        updates_per_call prefetch_size eval_every eval_episodes log_every keep_checkpoints""".split()
-    for name in counts:
-        require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("learning_rate", "adam_eps", "max_grad_norm", "huber_delta", "per_eps", "clip_reward"):
-        require((getattr(args, name) or 1) > 0, f"--{name.replace('_', '-')} must be positive")
-    for name in ("start_e", "end_e", "eval_epsilon", "per_beta0", "gamma", "tau", "exploration_fraction"):
-        require(0 <= getattr(args, name) <= 1, f"--{name.replace('_', '-')} must be in [0, 1]")
+def check_args(args: Args, packages: bool = True) -> None:
+    """The first bad flag as one ConfigError; packages=False skips the optional packages (for flags read
+    from a file: a saved --track or --capture-video asks for nothing until a run acts on it)."""
+    for name, value in dataclasses.asdict(args).items():
+        flag = "--" + name.replace("_", "-")
+        require(not isinstance(value, float) or np.isfinite(value), f"{flag} must be a finite number")
+        require(not isinstance(value, int) or abs(value) < 2**31, f"{flag} {value} is too large")
+        require(name not in POSITIVE or value is None or value > 0, f"{flag} must be positive, got {value}")
+        require(name not in FRACTIONS or 0 <= value <= 1, f"{flag} must be in [0, 1], got {value}")
+    require(0 <= args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
     require(
-        args.tau > 0 and args.exploration_fraction > 0 and args.gamma > 0,
-        "--gamma, --tau and --exploration-fraction must be > 0",
+        args.hidden_sizes and 0 < min(args.hidden_sizes) <= max(args.hidden_sizes) <= 65_536, "--hidden-sizes: 1..65536"
+    )
+    require(max(args.num_envs, args.eval_episodes) <= 1024, "--num-envs and --eval-episodes must be at most 1024")
+    require(args.batch_size <= args.buffer_size <= 2**30, "--batch-size must be at most --buffer-size, itself <= 2^30")
+    require(
+        args.learning_starts >= args.batch_size, f"--learning-starts must be at least --batch-size {args.batch_size}"
     )
     require(
-        0 <= args.seed < 2**31 - args.total_timesteps - 10_000,
-        f"--seed must be in [0, 2^31 - 10^4 - total steps), got {args.seed}",
-    )
-    require(
-        args.hidden_sizes and 0 < min(args.hidden_sizes) and max(args.hidden_sizes) <= 65_536,
-        "--hidden-sizes must be widths in 1..65536",
-    )
-    require(args.num_envs <= 1024 and args.eval_episodes <= 1024, "--num-envs and --eval-episodes must be at most 1024")
-    require(
-        args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
-    )
-    require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
-    require(
-        min(args.per_alpha, args.checkpoint_every, args.checkpoint_minutes) >= 0,
-        "--per-alpha, --checkpoint-every and --checkpoint-minutes must be >= 0",
+        min(args.per_alpha, args.checkpoint_every, args.checkpoint_minutes) >= 0, "--per-alpha, --checkpoint-*: >= 0"
     )
     require(args.num_devices > 0 or args.num_devices == -1, "--num-devices must be positive or -1 (all)")
     for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
         try:
-            getattr(args, flag) and __import__(package)
+            packages and getattr(args, flag) and __import__(package)
         except ImportError:
             raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+
+
+POSITIVE = """total_timesteps num_envs buffer_size batch_size n_step target_network_frequency train_frequency
+    updates_per_call prefetch_size eval_every eval_episodes log_every keep_checkpoints learning_rate adam_eps
+    max_grad_norm huber_delta per_eps clip_reward gamma tau exploration_fraction""".split()
+FRACTIONS = "start_e end_e eval_epsilon per_beta0 gamma tau exploration_fraction".split()
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
 
 
 class Logger:
-    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered
-    file flushed at each log tick (its EventFileWriter's thread cost 12%: docs/dqn.md), eval.csv, and
-    with --track the same scalars in Weights & Biases."""
+    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
+    flushed at each log tick (its EventFileWriter's thread cost 12%: README, Speed), eval.csv, and with
+    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
 
     files = 0  # tells apart the event files one process opens in one second
 
@@ -928,19 +897,19 @@ class Logger:
         if args.track:
             import wandb
 
-            name = os.path.basename(os.path.abspath(run_dir))
-            try:  # the folder's name is the W&B id, so that --resume continues the same W&B run
+            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            try:
                 self.wandb = wandb.init(
                     project=args.wandb_project_name,
                     entity=args.wandb_entity,
+                    config=config,
                     name=name,
                     id=name[-64:],
-                    config=dataclasses.asdict(args),
                     dir=run_dir,
                     resume="allow",
                 )
             except wandb.errors.Error as e:
-                raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
+                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
         Logger.files += 1
         name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{Logger.files}"
@@ -948,15 +917,11 @@ class Logger:
         self.writer = RecordWriter(self.file)
         self.writer.write(self.event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         self.file.flush()
-        self.csv = os.path.join(run_dir, "eval.csv")
+        self.csv, rows = os.path.join(run_dir, "eval.csv"), ["step,mean,std,episodes\n"]
         if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
-            with open(self.csv, newline="") as f:
-                rows = [r for r in csv.reader(f) if r and r[0].isdigit() and int(r[0]) <= resumed_at]
-            write_atomic(
-                self.csv, lambda f: f.write("".join(f"{','.join(r)}\n" for r in [EVAL_HEADER] + rows).encode())
-            )
-        elif not os.path.isfile(self.csv):
-            write_atomic(self.csv, lambda f: f.write(f"{','.join(EVAL_HEADER)}\n".encode()))
+            with open(self.csv) as f:
+                rows += [r for r in f if r[:12].split(",")[0].isdigit() and int(r.split(",")[0]) <= resumed_at]
+        write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
@@ -978,12 +943,9 @@ class Logger:
             self.wandb = None
 
 
-EVAL_HEADER = ["step", "mean", "std", "episodes"]
-
-
 def open_run_dir(args: Args) -> str:
-    """A fresh run writes only into a new or empty folder; a resumed one into its own. Nothing in it
-    may be a symlink, so that no write leaves the folder."""
+    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
+    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
     run_dir = (
         args.resume
         or args.run_dir
@@ -991,11 +953,13 @@ def open_run_dir(args: Args) -> str:
     )
     require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
     os.makedirs(run_dir, exist_ok=True)
-    names = os.listdir(run_dir)
-    require(args.resume or not names, f"--run-dir {run_dir} is not empty: give a new folder, or --resume {run_dir}")
-    require(not any(os.path.islink(os.path.join(run_dir, n)) for n in names), f"{run_dir} holds a symlink: not written")
-    saved = {"script": SCRIPT, "args": dataclasses.asdict(args)}
-    write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(json.dumps(saved, indent=2).encode()))
+    require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
+    for folder, subfolders, files in os.walk(run_dir):
+        for name in subfolders + files:
+            require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+    for name in os.listdir(run_dir):
+        if ".tmp." in name and args.resume:
+            os.remove(os.path.join(run_dir, name))
     return run_dir
 
 
@@ -1026,83 +990,72 @@ def next_multiple(step: int, every: int):
 
 
 def train(args: Args, env_fn=None) -> dict:
-    """Train; env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the
-    training and evaluation envs (default: make_env(args.env_id, ...)). Returns a summary dict."""
+    """Train; env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training
+    and evaluation envs (default: make_env for --env-id). Returns a summary dict."""
     check_args(args)
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     shardings = learner_shardings(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)
-    envs = env_fn(args.num_envs)
-    autoreset = envs.metadata.get("autoreset_mode")
-    require(
-        autoreset == gym.vector.AutoresetMode.SAME_STEP,
-        f"the env factory must set SAME_STEP autoreset, not {autoreset}",
-    )
-    num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
-    network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
-    optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
-    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-    state = init_train_state(network, optimizer, space.shape, init_key)
-    replay, nstep = make_replay(args, space)
-    act = make_act(network.apply, num_actions)
-    update = make_update(
-        network.apply, optimizer, args, unroll=len(space.shape) == 3 and jax.default_backend() == "cpu"
-    )
-    run_dir = open_run_dir(args)
-    step = episodes = 0
-    if args.resume:
-        ckpt = os.path.join(run_dir, "checkpoint.npz")
-        meta, arrays = load_npz(ckpt, "checkpoint")
-        state = restore_tree(state, arrays, "train_state/", ckpt)
-        key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, ckpt))
-        step, episodes = meta.get("global_step"), meta.get("episodes")
-        require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{ckpt}: bad counters in meta.json")
-        replay.load_state_dict(arrays, ckpt, num_actions)
-        print(
-            f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, "
-            f"{replay.buffer.get_stored_size()} rows in the replay)"
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        envs = env_fn(args.num_envs)
+        cleanup.callback(envs.close)
+        mode = envs.metadata.get("autoreset_mode")
+        require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
+        num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
+        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
+        optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
+        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        state = init_train_state(network, optimizer, space.shape, init_key)
+        replay, nstep = make_replay(args, space)
+        act = make_act(network.apply, num_actions)
+        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
+        update = make_update(network.apply, optimizer, args, unroll)
+        run_dir, step, episodes = open_run_dir(args), 0, 0
+        if args.resume:
+            state, key, step, episodes = load_checkpoint(run_dir, state, replay, num_actions)
+        state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
+        cleanup.callback(logger.close)
+        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
+        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
+        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
+        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
+        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        cleanup.callback(writer.shutdown)
+        cleanup.callback(sampler.shutdown, cancel_futures=True)
+        ahead, writes, stopped = collections.deque(), collections.deque(), []
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+        frames, lives, metrics, last_eval = replay.frames, None, {}, float("nan")
+        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        sgd_done, act_params = int(state.sgd_steps), local_copy(state.params)
+        next_log, next_eval, next_ckpt = (
+            next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
         )
-    state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-    # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
-    logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-    bar = tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None, dynamic_ncols=True)
-    sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-    writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-    ahead, writes, stopped = collections.deque(), collections.deque(), []
-    previous = {s: signal.signal(s, functools.partial(on_signal, stopped)) for s in (signal.SIGINT, signal.SIGTERM)}
-    frames, lives, metrics, last_eval = replay.frames, None, {}, float("nan")
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-    sgd_done, act_params = int(state.sgd_steps), local_copy(state.params)
-    next_log, next_eval, next_ckpt = (
-        next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
-    )
-    ckpt_step, ckpt_time = (step if args.resume else None), time.monotonic()
-    tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-    meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+        meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
 
-    def evaluation(prefix: str):
-        video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-        eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-        returns = evaluate(act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped)
-        if returns is not None:
-            logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
-        return returns
+        def checkpoint():
+            nonlocal saved_step, saved_time
+            while writes:
+                writes.popleft().result()  # the priorities of every update so far are in the replay
+            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
+            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes}
+            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
+            saved_step, saved_time = step, time.monotonic()
 
-    def checkpoint():
-        nonlocal ckpt_step, ckpt_time
-        while writes:
-            writes.popleft().result()
-        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
-        save_checkpoint(
-            run_dir,
-            {**meta, "kind": "checkpoint", "global_step": step, "episodes": episodes},
-            arrays,
-            ckpt_step,
-            args.keep_checkpoints,
-        )
-        ckpt_step, ckpt_time = step, time.monotonic()
+        def evaluation(prefix: str):
+            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
+            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+            returns = evaluate(
+                act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
+            )
+            if returns is not None:
+                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+            return returns
 
-    try:
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
         if frames is not None:
@@ -1125,21 +1078,17 @@ def train(args: Args, env_fn=None) -> dict:
                 lost, lives = lost_life(info, lives, done)
                 ends_return = terminated | lost
             replay.add(nstep.push(stored_obs, actions, reward, reached, ends_return, truncated))
-            stored_obs, obs = now, next_obs
-            step += args.num_envs
+            stored_obs, obs, step = now, next_obs, step + args.num_envs
             ep_return += reward
             ep_length += 1
-            if done.any():
-                for i in np.flatnonzero(done):
-                    episodes += 1
-                    logger.scalars(
-                        step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]}
-                    )
-                ep_return[done], ep_length[done] = 0.0, 0
+            for i in np.flatnonzero(done):
+                episodes += 1
+                logger.scalars(step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]})
+                ep_return[i], ep_length[i] = 0.0, 0
 
             # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
             # the prefetch thread, priorities go back on the writer thread.
-            while (max(0, step - args.learning_starts) // args.train_frequency - sgd_done) >= args.updates_per_call:
+            while max(0, step - args.learning_starts) // args.train_frequency - sgd_done >= args.updates_per_call:
                 replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
                 replay.flush()
                 while len(ahead) < args.prefetch_size:
@@ -1148,9 +1097,8 @@ def train(args: Args, env_fn=None) -> dict:
                 batches, indexes, stamps = ahead.popleft().result()
                 tick["wait"] += time.perf_counter() - t0
                 state, metrics, priorities = update(state, batches)
-                writes.append(
-                    writer.submit(write_priorities, replay, args.prioritized, indexes, stamps, priorities, sgd_done)
-                )
+                write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
+                writes.append(writer.submit(write_priorities, *write))
                 while writes and writes[0].done():
                     writes.popleft().result()  # raises the writer's error, e.g. divergence
                 tick["learn"] += time.perf_counter() - t0
@@ -1158,54 +1106,56 @@ def train(args: Args, env_fn=None) -> dict:
                 act_params = local_copy(state.params)
 
             if step >= next_log:
-                next_log = next_multiple(step, args.log_every)
-                last_tick, tick = tick, dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-                elapsed = tick["time"] - last_tick["time"]
-                scalars = {
-                    "charts/SPS": (step - last_tick["step"]) / elapsed,
-                    "charts/epsilon": epsilon,
-                    "replay/beta": replay.beta,
-                    "replay/priority_max": replay.buffer.get_max_priority(),
-                    "perf/updates_per_second": (sgd_done - last_tick["sgd"]) / elapsed,
-                    **{k: float(v) for k, v in metrics.items()},
-                }
-                if last_tick["learn"]:
-                    scalars["perf/learner_wait_fraction"] = last_tick["wait"] / last_tick["learn"]
+                next_log, last = next_multiple(step, args.log_every), tick
+                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+                sps = (step - last["step"]) / (tick["time"] - last["time"])
+                scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": replay.beta}
+                scalars["replay/priority_max"] = replay.buffer.get_max_priority()
+                scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
+                if last["learn"]:
+                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
                 if frames is not None:
                     scalars["replay/stale_rows"] = replay.stale
-                logger.scalars(step, scalars)
+                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
                 logger.file.flush()
-                loss = scalars.get("losses/td_loss", float("nan"))
-                line = f"SPS {scalars['charts/SPS']:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval:.1f}"
+                loss = float(metrics.get("losses/td_loss", float("nan")))
+                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval:.1f}"
                 bar.update(step - bar.n)
                 bar.set_postfix_str(line, refresh=False)
                 if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
                     print(f"step {step:>8d}  {line}", flush=True)
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
-                next_eval = next_multiple(step, args.eval_every)
-                returns = evaluation("eval")
+                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
                 last_eval = last_eval if returns is None else returns.mean()
-            if step >= next_ckpt or (
-                args.checkpoint_minutes and time.monotonic() - ckpt_time >= 60 * args.checkpoint_minutes
-            ):
+            minutes = (time.monotonic() - saved_time) / 60
+            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
         checkpoint()
-        if stopped:
+        bar.close()  # before anything else prints
+        if not stopped:
+            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))
+            returns = evaluation("final")
+        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
             print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
             return {"run_dir": run_dir, "global_step": step, "signal": stopped[0]}
-        save_npz(os.path.join(run_dir, "model.npz"), {**meta, "kind": "model"}, tree_arrays("params/", state.params))
-        returns = evaluation("final")
         print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
         return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        bar.close()
-        sampler.shutdown(cancel_futures=True)
-        writer.shutdown()
-        logger.close()
-        envs.close()
+
+
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
+    """(train state, key, global step, episodes) of RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
+    meta, arrays = load_npz(path, "checkpoint")
+    state = restore_tree(state, arrays, "train_state/", path)
+    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
+    step, episodes = meta.get("global_step"), meta.get("episodes")
+    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    replay.load_state_dict(arrays, path, num_actions)
+    rows = replay.buffer.get_stored_size()
+    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
+    return state, key, step, episodes
 
 
 def on_signal(stopped: list, signum, frame):

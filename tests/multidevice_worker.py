@@ -77,6 +77,22 @@ def learner(mod, name: str, num_devices: int):
     return mod.make_update(policy, "nll", optimizer, stats, shardings), state, shardings
 
 
+def sample_batches(mod, name: str, replay, sharding=None):
+    """One call's batches as the prefetch thread makes them (dqn_prioritized.py reads B and K
+    from its Args)."""
+    if name == "dqn_prioritized":
+        return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
+    return mod.sample_batches(replay, B, K, sharding)
+
+
+def command_line(flags: dict) -> list:
+    """The flags as typed on a command line: --name value, a tuple as its values."""
+    argv = []
+    for name, value in flags.items():
+        argv += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, tuple) else (value,))]
+    return argv
+
+
 def leaves(tree) -> dict:
     flat, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
     return {jax.tree_util.keystr(p): np.asarray(x, np.float64) for p, x in flat}
@@ -85,7 +101,7 @@ def leaves(tree) -> dict:
 def update_mode(name: str) -> dict:
     mod = load_script(name)
     replay = filled_replay(mod, name)
-    calls = [mod.sample_batches(replay, B, K) for _ in range(2)]  # numpy copies below: the same data for both
+    calls = [sample_batches(mod, name, replay) for _ in range(2)]  # numpy copies below: the same data for both
     host = [{k: np.asarray(v) for k, v in c[0].items()} for c in calls]
     out, report = {}, {}
     for n in (1, 2):
@@ -101,7 +117,7 @@ def update_mode(name: str) -> dict:
     # What the prefetch thread hands over: each device holds its own contiguous half of B, and
     # the rows read back in the order of the sampled indexes (so priorities go back to their slots).
     shardings = learner(mod, name, 2)[2]
-    batches, indexes = mod.sample_batches(replay, B, K, shardings.batch)[:2]
+    batches, indexes = sample_batches(mod, name, replay, shardings.batch)[:2]
     obs = batches["obs"]
     halves = sorted((s.index[1].start or 0, s.data.shape, str(s.device)) for s in obs.addressable_shards)
     report["shards"] = [[start, list(shape)] for start, shape, _ in halves]
@@ -149,7 +165,10 @@ def run_mode(name: str, folder: str) -> dict:
         flags = {**base, budgets[0]: budget, "num_devices": devices}
         if results:
             flags["resume"] = run_dir
-        result = mod.main(mod.Args(**flags), frozenset(flags))  # all typed, as on a command line
+        if name == "dqn_prioritized":  # all typed, as on a command line
+            result = mod.train(mod.parse_args(command_line(flags)))
+        else:
+            result = mod.main(mod.Args(**flags), frozenset(flags))  # all typed, as on a command line
         meta = json.loads(np.load(os.path.join(run_dir, "checkpoint.npz"))["meta.json"].tobytes())
         results.append(
             {

@@ -4,6 +4,8 @@ complete (a write that fails leaves all K); a checkpoint is also taken when the 
 
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -33,10 +35,27 @@ SMALL = {
 }
 
 
+def as_argv(flags: dict) -> list:
+    """The command line that types these Args fields."""
+    argv = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, (tuple, list)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
 def run(script, run_dir, budget, **flags):
     mod = MODULES[script]
     unit = "total_updates" if script == "bc_offline" else "total_timesteps"
     flags = {**SMALL[script], unit: budget, "run_dir": str(run_dir), **flags}
+    if script == "dqn_prioritized":  # no main(): train(parse_args(...)), which also does --resume
+        resume = flags.pop("resume", None)
+        return mod.train(mod.parse_args((["--resume", resume] if resume else []) + as_argv(flags)))
     return mod.main(mod.Args(**flags), frozenset(flags))
 
 
@@ -102,7 +121,7 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
         checkpoint_every=0,
         checkpoint_minutes=0.0005,
         keep_checkpoints=1000,
-        **({} if script == "bc_offline" else {"checkpoint_replay": False}),
+        **({} if script in ("bc_offline", "dqn_prioritized") else {"checkpoint_replay": False}),  # DQN: always
     )
     steps = kept(tmp_path)
     assert len(steps) >= 2 and all(0 < s < budget for s in steps), steps
@@ -113,10 +132,33 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
 @pytest.mark.parametrize("script", list(MODULES))
 def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, tmp_path):
     """A fresh run (no --resume) in a folder that holds another run's kept checkpoints starts
-    clean: its own kept files only, each of its own step; and each kept file evaluates."""
+    clean: its own kept files only, each of its own step; and each kept file evaluates. DQN
+    refuses such a folder instead (issue 26): nothing of the earlier run is touched."""
     every = 50 if script == "bc_offline" else 100
     run(script, tmp_path, 6 * every, checkpoint_every=every, keep_checkpoints=3)
     assert kept(tmp_path) == [4 * every, 5 * every]
+    if script == "dqn_prioritized":
+        dqn = MODULES[script]
+        before = {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)}
+        with pytest.raises(dqn.ConfigError, match="is not empty"):
+            run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
+        assert {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)} == before
+        for step in (4 * every, 5 * every):
+            assert step_of(script, tmp_path / f"checkpoint-{step}.npz") == step
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(ROOT, "tools", "dqn_evaluate.py"),
+                    str(tmp_path / f"checkpoint-{step}.npz"),
+                ]
+                + ["--episodes", "1"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert out.returncode == 0 and "over 1 episodes" in out.stdout, out.stderr
+            assert np.isfinite(float(out.stdout.split(":")[1].split("+-")[0]))
+        return
     run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
     assert kept(tmp_path) == [every, 2 * every]
     for step in (every, 2 * every):
@@ -124,3 +166,17 @@ def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, 
     mod = MODULES[script]
     flags = dict(eval_only=True, load=str(tmp_path / f"checkpoint-{every}.npz"), eval_episodes=1)
     assert np.isfinite(mod.main(mod.Args(**flags), frozenset(flags))["eval_mean"])
+
+
+def test_dqn_resume_after_a_kill_between_link_and_rename(tmp_path):
+    """With K > 1 a checkpoint first hard-links checkpoint.npz to a temp name, then renames it to
+    checkpoint-<step>.npz; a kill between the two leaves the temp link. The resume must still
+    take its checkpoints (a fixed temp name that is not cleared would fail every one of them)
+    and leave no temp file behind."""
+    every = 100
+    run("dqn_prioritized", tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3)
+    os.link(tmp_path / "checkpoint.npz", tmp_path / "checkpoint.npz.tmp.link")  # what the kill left
+    run("dqn_prioritized", tmp_path, 5 * every, checkpoint_every=every, keep_checkpoints=3, resume=str(tmp_path))
+    assert step_of("dqn_prioritized", tmp_path / "checkpoint.npz") == 5 * every
+    assert kept(tmp_path) == [3 * every, 4 * every]
+    assert not [name for name in os.listdir(tmp_path) if ".tmp." in name]

@@ -1,9 +1,11 @@
 """What CleanRL users reach for: --capture-video, --track (Weights & Biases), the progress line
-and curve.png, in all three scripts."""
+and curve.png, in all three scripts. (dqn_prioritized.py leaves curve.png to tools/plot_run.py,
+an evaluation of a saved model to tools/dqn_evaluate.py, and draws its progress bar with tqdm.)"""
 
 import csv
 import functools
 import glob
+import importlib.util
 import io
 import json
 import os
@@ -107,6 +109,24 @@ class Terminal(io.StringIO):
         return True
 
 
+def load_tool(name):
+    """tools/<name>.py as a module (its main() and functions, without a new interpreter)."""
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plot_run(run_dir):
+    """tools/plot_run.py RUN_DIR, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "plot_run.py"), run_dir],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def video_frames(path):
     return list(iio.imiter(path, plugin="FFMPEG"))
 
@@ -139,6 +159,8 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     run_dir = str(tmp_path / "run")
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
+    if name == "dqn":  # tqdm writes to stderr, and asks its isatty() when the bar is made
+        monkeypatch.setattr(sys, "stderr", terminal)  # one terminal shows both streams
     assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
     monkeypatch.undo()
     # One video per evaluation plus the final one, each a readable MP4 of the env's frames.
@@ -147,10 +169,28 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     for video in videos:
         frames = video_frames(os.path.join(run_dir, "videos", video))
         assert len(frames) > 10 and frames[0].shape == render_size
-    # The progress line rewrites itself in place, and is ended before the final message.
     out = terminal.getvalue()
-    assert "\r" in out and "\x1b[K" in out and " left" in out
-    assert re.search(r"\r[^\n]* left\x1b\[K\n" + final, out), out
+    if name == "dqn":
+        # tqdm's bar rewrites itself in place: steps done of the total, and the plain line's
+        # fields as its postfix; the plain line itself is not printed on a terminal.
+        bars = list(re.finditer(r"\r *(\d+)%\|[^|\r\n]*\| (\d+)/2000 \[([^\]\r\n]*)\]", out))
+        assert len(bars) > 1 and bars[-1].group(1, 2) == ("100", "2000"), out
+        assert re.search(r", SPS +\d+  loss \S+  episodes \d+  eval \S+$", bars[-1].group(3)), out
+        assert not re.search(r"^step +\d+", out, re.M), out
+        # The bar is ended (its last draw closed by a newline) before the final message, which
+        # starts a line of its own, and is not drawn again under it.
+        final_at = out.index(final)
+        assert out[bars[-1].end()] == "\n" and bars[-1].end() < final_at, out
+        assert out[final_at - 1] == "\n", out
+        # curve.png is tools/plot_run.py's, not the run's.
+        assert not os.path.exists(os.path.join(run_dir, "curve.png"))
+        plotted = plot_run(run_dir)
+        assert plotted.returncode == 0, plotted.stderr[-2000:]
+        assert plotted.stdout.strip() == os.path.join(run_dir, "curve.png")
+    else:
+        # The progress line rewrites itself in place, and is ended before the final message.
+        assert "\r" in out and "\x1b[K" in out and " left" in out
+        assert re.search(r"\r[^\n]* left\x1b\[K\n" + final, out), out
     # curve.png is an image.
     import matplotlib.image
 
@@ -158,26 +198,43 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     assert picture.ndim == 3 and picture.shape[0] > 100 and picture.shape[1] > 100
 
 
-def test_plain_log_no_curve_without_matplotlib_and_eval_only_video(tmp_path, monkeypatch, capsys):
+def test_plain_log_without_matplotlib_no_curve_and_an_evaluation_filmed_by_the_tool(tmp_path, monkeypatch, capsys):
+    """Off a terminal (here: pytest's captured streams) the plain line, every 10th log tick and at
+    the end, and no bar; the run needs no matplotlib and writes no curve.png; tools/dqn_evaluate.py
+    RUN --capture-video films into videos/ beside the model."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     module, fast, _, _ = RUNS["dqn"]
     run_dir = str(tmp_path / "run")
     assert module.cli(fast + ["--run-dir", run_dir]) == 0
-    out = capsys.readouterr().out
-    assert "\r" not in out and "\x1b" not in out
-    assert re.search(r"^step     2000  SPS +\d+  eps 0\.050  loss \S+  episodes \d+  eval \S+$", out, re.M), out
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out and "\x1b" not in captured.out
+    assert "\r" not in captured.err and "/2000 [" not in captured.err, captured.err  # no tqdm bar
+    assert re.search(r"^step     2000  SPS +\d+  loss \S+  episodes \d+  eval \S+$", captured.out, re.M), captured.out
     assert os.path.isfile(os.path.join(run_dir, "model.npz"))
-    assert module.write_curve(run_dir) is None  # what the run called: skipped quietly
     assert not os.path.exists(os.path.join(run_dir, "curve.png"))
     assert not glob.glob(os.path.join(run_dir, "*.tmp.*"))
-    # --eval-only films into the folder of --load.
-    assert (
-        module.cli(
-            ["--eval-only", "--load", os.path.join(run_dir, "model.npz"), "--eval-episodes", "2", "--capture-video"]
-        )
-        == 0
-    )
-    assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-model-episode-0.mp4"]
+    evaluate = load_tool("dqn_evaluate")
+    assert evaluate.main([run_dir, "--episodes", "2", "--capture-video"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^eval CartPole-v1: \S+ \+- \S+ over 2 episodes", out, re.M), out
+    assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-episode-0.mp4"]
+    frames = video_frames(os.path.join(run_dir, "videos", "eval-episode-0.mp4"))
+    assert len(frames) > 10 and frames[0].shape == (400, 600, 3)
+
+
+@pytest.mark.parametrize("name", ["sac", "bc"])
+def test_curve_without_matplotlib_is_skipped_quietly(name, tmp_path, monkeypatch, capsys):
+    """SAC's and BC's runs write their own curve.png (dqn_prioritized.py: tools/plot_run.py);
+    without matplotlib, an optional package, the call the run makes returns None and says nothing."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    module = RUNS[name][0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
+    assert module.write_curve(str(run_dir)) is None
+    captured = capsys.readouterr()
+    assert captured.out == captured.err == ""
+    assert sorted(os.listdir(run_dir)) == ["eval.csv"]  # no curve.png, no temp file
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -190,7 +247,8 @@ def test_a_missing_optional_package_is_one_line_before_training(name, flag, pack
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"pip install {package}" in err and flag in err, err
     assert not run_dir.exists()  # refused before anything ran
-    # A saved run's flags (a model for --eval-only) do not ask for the package.
+    # A saved run's flags do not ask for the package (a model for --eval-only, or for DQN's
+    # tools/dqn_evaluate.py; a run for --resume, where --track comes from the command line only).
     module.args_from_json({"capture_video": True, "track": True}, "model.npz")
 
 
@@ -305,10 +363,10 @@ def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_pat
         assert os.path.getsize(os.path.join(os.path.dirname(files[0]), "files", video["path"])) == video["size"] > 0
 
 
-@pytest.mark.parametrize("name", ["dqn", "sac", "bc"])
+@pytest.mark.parametrize("name", ["sac", "bc"])
 def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
     """curve.png goes through the script's write_atomic: a failed write says so in one line and
-    the finished run is not failed by it."""
+    the finished run is not failed by it. (dqn_prioritized.py writes no curve.png: the next test.)"""
     pytest.importorskip("matplotlib")
     module = RUNS[name][0]
     run_dir = tmp_path / "run"
@@ -323,3 +381,24 @@ def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "No space left on device" in err and "curve.png" in err, err
     assert not glob.glob(str(run_dir / "*.tmp.*")) and not (run_dir / "curve.png").exists()
+
+
+def test_plot_run_on_a_full_disk_fails_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """tools/plot_run.py is run by hand after a run, so a failed write is its error (not swallowed);
+    it leaves neither a temp file nor a curve.png."""
+    pytest.importorskip("matplotlib")
+    plot = load_tool("plot_run")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plot.os, "replace", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        plot.write_curve(str(run_dir))
+    assert sorted(os.listdir(run_dir)) == ["eval.csv"]
+    monkeypatch.undo()  # without the fault: the picture (no events here: an empty right panel)
+    assert plot.write_curve(str(run_dir)) == str(run_dir / "curve.png")
+    assert sorted(os.listdir(run_dir)) == ["curve.png", "eval.csv"]

@@ -1,4 +1,5 @@
-"""Whole-script behaviour: checkpoints and resume, signals, eval-only, bad input, imports."""
+"""Whole-script behaviour: checkpoints and resume, signals, the run folder, the evaluation tool,
+bad input, imports."""
 
 import csv
 import os
@@ -14,6 +15,7 @@ from helpers import ROOT, import_in_fresh_process, load_script
 
 dqn = load_script("dqn_prioritized")
 SCRIPT = os.path.join(ROOT, "algos", "dqn_prioritized.py")
+EVALUATE = os.path.join(ROOT, "tools", "dqn_evaluate.py")
 
 # Small and fast: a few thousand steps of CartPole.
 FAST = [
@@ -44,6 +46,31 @@ def run_cli(argv):
 def read_eval(run_dir):
     with open(os.path.join(run_dir, "eval.csv")) as f:
         return list(csv.DictReader(f))
+
+
+def evaluate_tool(*argv):
+    return subprocess.run([sys.executable, EVALUATE, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def snapshot(folder):
+    """Every path under folder with its bytes and modification time (a folder: None)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, name), folder)] = None
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def one_line(capsys, *words):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
 
 
 def test_import_has_no_side_effects():
@@ -82,15 +109,20 @@ def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
         assert '"total_timesteps": 3000' in f.read()
 
 
-def test_eval_only_loads_model(tmp_path, capsys):
-    run_dir = str(tmp_path / "run")
-    assert run_cli(FAST + ["--total-timesteps", "600", "--eval-epsilon", "0.25", "--run-dir", run_dir]) == 0
-    capsys.readouterr()
-    model = os.path.join(run_dir, "model.npz")
-    assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "3"]) == 0
-    assert "over 3 episodes (epsilon 0.25)" in capsys.readouterr().out  # the run's own protocol
-    assert run_cli(["--eval-only", "--load", model, "--eval-episodes", "2", "--eval-epsilon", "0.5"]) == 0
-    assert "over 2 episodes (epsilon 0.5)" in capsys.readouterr().out  # unless given
+def test_evaluation_tool_uses_the_runs_protocol(tmp_path):
+    """tools/dqn_evaluate.py (was --eval-only --load): the run's --eval-epsilon unless given. The
+    run goes into a folder that exists and is empty, which a fresh run accepts."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert run_cli(FAST + ["--total-timesteps", "600", "--eval-epsilon", "0.25", "--run-dir", str(run_dir)]) == 0
+    out = evaluate_tool(str(run_dir / "model.npz"), "--episodes", "3")
+    assert out.returncode == 0, out.stderr
+    assert "over 3 episodes (epsilon 0.25)" in out.stdout  # the run's own protocol
+    out = evaluate_tool(str(run_dir), "--episodes", "2", "--epsilon", "0.5")  # a run folder: its model.npz
+    assert out.returncode == 0, out.stderr
+    assert "over 2 episodes (epsilon 0.5)" in out.stdout  # unless given
+    mean = float(out.stdout.split(":")[1].split("+-")[0])
+    assert np.isfinite(mean) and mean >= 1  # a CartPole episode lasts at least one step
 
 
 def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
@@ -104,8 +136,8 @@ def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
         text=True,
         cwd=str(tmp_path),
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not os.path.exists(os.path.join(run_dir, "eval.csv")):
+    deadline = time.time() + 120  # until the first evaluation's row (eval.csv has its header from the start)
+    while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "eval.csv")) and read_eval(run_dir)):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -115,6 +147,37 @@ def test_sigterm_writes_checkpoint_and_resume_continues(tmp_path):
     assert 1000 <= stopped < 1_000_000
     assert run_cli(["--resume", run_dir, "--total-timesteps", str(stopped + 500)]) == 0
     assert dqn.load_npz(run_dir, "checkpoint")[0]["global_step"] == stopped + 500
+
+
+# --- the run folder: a fresh run writes only into a new or empty one ----------------------------
+
+
+@pytest.mark.parametrize("held", ["notes", "earlier-run"])
+def test_fresh_run_refuses_a_folder_that_is_not_empty(held, tmp_path, capsys):
+    """One line, exit 2, and nothing in the folder changed (before: the run wrote its args.json,
+    events and checkpoints among the files there, and removed an earlier run's kept checkpoints)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if held == "notes":
+        (run_dir / "notes.txt").write_text("mine\n")
+    else:  # what an earlier run leaves: a fresh run must not mix its files with these
+        (run_dir / "args.json").write_text('{"script": "dqn_prioritized", "args": {}}')
+        (run_dir / "checkpoint.npz").write_bytes(b"an earlier run's checkpoint")
+        (run_dir / "checkpoint-100.npz").write_bytes(b"an earlier run's kept checkpoint")
+    before = snapshot(run_dir)
+    capsys.readouterr()
+    assert run_cli(FAST + ["--total-timesteps", "600", "--run-dir", str(run_dir)]) == 2
+    one_line(capsys, "is not empty", "--resume")
+    assert snapshot(run_dir) == before
+
+
+def test_fresh_run_refuses_a_run_dir_that_is_a_file(tmp_path, capsys):
+    path = tmp_path / "run"
+    path.write_text("not a folder\n")
+    capsys.readouterr()
+    assert run_cli(FAST + ["--total-timesteps", "600", "--run-dir", str(path)]) == 2
+    one_line(capsys, "is not a folder")
+    assert path.read_text() == "not a folder\n" and os.listdir(tmp_path) == ["run"]
 
 
 # --- bad input: one clear line, non-zero exit, no traceback ------------------------------------
@@ -139,16 +202,16 @@ gym.register("TestMatrixObs-v0", entry_point=MatrixEnv)
     [
         (["--env-id", "Pendulum-v1"], "Discrete actions"),
         (["--env-id", "NoSuchEnv-v9"], "cannot make env"),
-        (["--env-id", "TestMatrixObs-v0"], "flat vectors or uint8 images"),
-        (["--max-episode-frames", "0"], "--max-episode-frames must be positive"),
+        (["--env-id", "TestMatrixObs-v0"], "this script takes vectors, uint8 images or bool planes"),
         (["--preset", "atari", "--adam-eps", "-1"], "--adam-eps must be positive"),
-        (["--batch-size", "512", "--buffer-size", "256"], "larger than --buffer-size"),
+        (["--batch-size", "512", "--buffer-size", "256"], "exceeds --buffer-size"),
         (["--buffer-size", "0"], "--buffer-size must be positive"),
         (["--num-envs", "-1"], "--num-envs must be positive"),
         (["--gamma", "1.5"], "--gamma must be in"),
+        (["--seed", str(2**31 - 1)], "--seed must be in"),
+        (["--eval-episodes", "5000"], "--eval-episodes must be at most 1024"),
+        (["--hidden-sizes", "100000"], "--hidden-sizes must be widths in 1..65536"),
         (["--resume", "/nonexistent/run"], "no args.json"),
-        (["--eval-only", "--load", "/nonexistent/model.npz"], "no such file"),
-        (["--eval-only"], "needs --load"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv, message, capsys):
@@ -163,3 +226,18 @@ def test_bad_input_from_the_command_line_has_no_traceback():
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "Discrete actions" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["/nonexistent/model.npz"], "no such file"),
+        (["/nonexistent/model.npz", "--episodes", "0"], "--episodes must be in"),
+        (["/nonexistent/model.npz", "--epsilon", "2"], "--epsilon must be in"),
+    ],
+)
+def test_evaluation_tool_bad_input_is_one_clear_line(argv, message):
+    out = evaluate_tool(*argv)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message in err

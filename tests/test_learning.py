@@ -17,7 +17,7 @@ def test_dqn_default_run_solves_cartpole(tmp_path):
     evaluation is not asserted: in about 1 of 20 default runs the greedy policy collapses from
     500 to ~200 in the last 20k steps (README), and runs are not bit-reproducible."""
     dqn = load_script("dqn_prioritized")
-    result = dqn.main(dqn.Args(seed=1, run_dir=str(tmp_path / "dqn")))
+    result = dqn.train(dqn.Args(seed=1, run_dir=str(tmp_path / "dqn")))
     assert result["global_step"] <= 100_000
     with open(os.path.join(result["run_dir"], "eval.csv")) as f:
         evals = [float(row["mean"]) for row in csv.DictReader(f)]
@@ -113,7 +113,7 @@ def test_dqn_pixels_learn_a_task_that_needs_the_frame_stack(tmp_path):
         log_every=500,
         run_dir=str(tmp_path / "motion"),
     )
-    result = dqn.main(args)
+    result = dqn.train(args)
     assert result["eval_mean"] >= 8.5, result
 
 
@@ -131,7 +131,7 @@ def test_dqn_learns_minatar_breakout(tmp_path):
         "checkpoint_every": 0,
     }
     args = dqn.Args(**flags, preset="minatar", env_id="MinAtar/Breakout-v1", seed=1, run_dir=str(tmp_path / "m"))
-    result = dqn.main(args)
+    result = dqn.train(args)
     with open(os.path.join(result["run_dir"], "eval.csv")) as f:
         evals = [float(row["mean"]) for row in csv.DictReader(f)]
     assert max(evals) >= 2.0, evals

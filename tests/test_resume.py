@@ -1,10 +1,16 @@
 """Resume correctness (issue 12): flags typed on the command line win (also when set back to
-their default), --preset does not overwrite a run's own flags, and a resume without the
-replay waits for learning_starts fresh rows instead of sampling an empty buffer."""
+their default), --preset does not overwrite a run's own flags, and (SAC) a resume without the
+replay waits for learning_starts fresh rows instead of sampling an empty buffer. DQN (issue 26):
+what to send where comes from the command line only, a resume restores exactly what was saved,
+and the resumed run goes on as the unbroken one would have."""
 
+import dataclasses
 import json
 import os
+import shutil
 
+import numpy as np
+import optax
 import pytest
 from helpers import ROOT, load_script
 
@@ -21,8 +27,9 @@ def fake_run(tmp_path, module, **flags):
 
 
 def resumed(module, argv):
-    args = module.tyro.cli(module.Args, args=argv) if module is not dqn else dqn.parse_args(argv)
-    return module.resolve_args(args, module.given_flags(argv))
+    if module is dqn:  # parse_args does --resume itself: the run's flags as defaults, typed ones win
+        return dqn.parse_args(argv)
+    return module.resolve_args(module.tyro.cli(module.Args, args=argv), module.given_flags(argv))
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -58,47 +65,13 @@ def test_preset_does_not_overwrite_the_runs_own_flags(tmp_path):
     assert args.batch_size == 32 and args.learning_rate == 1e-4
 
 
-def test_code_that_builds_args_keeps_the_differs_from_default_rule(tmp_path):
-    """main(Args(...)) without `given`: a field counts as given when it differs from its default."""
+def test_dqn_code_resumes_through_parse_args(tmp_path):
+    """Code resumes a run with train(parse_args([...])) (resolve_args and main(Args(resume=...))
+    are gone): a flag typed as --flag=value wins, the others are the run's own."""
     run = fake_run(tmp_path, dqn, batch_size=64)
-    args = dqn.resolve_args(dqn.Args(resume=run, total_timesteps=123_456))
+    args = dqn.parse_args(["--resume", run, "--total-timesteps=123456"])
     assert args.total_timesteps == 123_456 and args.batch_size == 64
-
-
-FAST = [
-    "--hidden-sizes",
-    "16",
-    "--learning-starts",
-    "200",
-    "--batch-size",
-    "32",
-    "--buffer-size",
-    "5000",
-    "--updates-per-call",
-    "4",
-    "--train-frequency",
-    "2",
-    "--eval-episodes",
-    "1",
-    "--eval-every",
-    "100000",
-]
-
-
-def test_dqn_resume_without_replay_waits_for_learning_starts(tmp_path, capsys):
-    """Stopped with 3 of 4 SGD steps pending and no replay in the checkpoint: before the fix the
-    prefetch thread sampled an empty cpprb buffer and died (index out of bounds)."""
-    run_dir = str(tmp_path / "run")
-    first = 200 + 2 * (4 * 125 + 3)  # (first - 200) / 2 = 503 SGD steps due: 500 done, 3 pending
-    assert dqn.cli(FAST + ["--total-timesteps", str(first), "--no-checkpoint-replay", "--run-dir", run_dir]) == 0
-    meta, arrays = dqn.load_npz(run_dir, "checkpoint")
-    assert int(arrays["train_state/sgd_steps"]) == 500 and not any(k.startswith("replay/") for k in arrays)
-    capsys.readouterr()
-    assert dqn.cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
-    assert "0 rows in the replay" in capsys.readouterr().out
-    _, arrays = dqn.load_npz(run_dir, "checkpoint")
-    learn_from = first + 200  # learning_starts fresh rows first; their updates are skipped
-    assert int(arrays["train_state/sgd_steps"]) == 500 + (3000 - learn_from) // 2 // 4 * 4
+    assert args.resume == run and args.run_dir == run  # writes into the run's own folder
 
 
 def test_sac_resume_without_replay_waits_for_learning_starts(tmp_path):
@@ -203,7 +176,10 @@ def test_typed_flags_are_checked_with_the_runs_own(script, tmp_path, capsys):
     run = fake_run(tmp_path, module, batch_size=16, learning_starts=100)
     capsys.readouterr()
     assert module.cli(["--resume", run, "--batch-size", "500"]) == 2
-    assert "--learning-starts 100 must be at least --batch-size 500" in capsys.readouterr().err
+    if script == "dqn":  # its message names the flags only
+        assert "--learning-starts must be at least --batch-size" in capsys.readouterr().err
+    else:
+        assert "--learning-starts 100 must be at least --batch-size 500" in capsys.readouterr().err
     assert module.cli(["--resume", run, "--learning-starts", "50"]) == 2  # accepted; then no checkpoint
     err = capsys.readouterr().err
     assert "no such file" in err and "batch" not in err
@@ -223,3 +199,229 @@ def test_nan_flag_is_refused(script, capsys):
     capsys.readouterr()
     assert MODULES[script].cli([flag, "nan"]) == 2
     assert "must be a finite number" in capsys.readouterr().err
+
+
+# --- DQN: what a run folder may not decide -------------------------------------------------------
+
+
+def test_dqn_tracking_comes_from_the_command_line_only(tmp_path):
+    """A run folder's args.json with track=true and its own W&B names does not send anything
+    anywhere on --resume (before: the saved flags were taken as any other)."""
+    run = fake_run(tmp_path, dqn, track=True, wandb_entity="someone", wandb_project_name="theirs", batch_size=64)
+    args = dqn.parse_args(["--resume", run])
+    assert args.track is False and args.wandb_entity is None
+    assert args.wandb_project_name == dqn.Args().wandb_project_name
+    assert args.batch_size == 64  # the other flags are the run's own
+    args = dqn.parse_args(["--resume", run, "--track", "--wandb-entity", "me", "--wandb-project-name", "mine"])
+    assert args.track is True and args.wandb_entity == "me" and args.wandb_project_name == "mine"
+
+
+def test_dqn_env_id_naming_a_module_needs_to_be_typed(tmp_path):
+    """gymnasium imports the module of an id "module:Env": from args.json only when typed again."""
+    run = fake_run(tmp_path, dqn, env_id="os:system")
+    with pytest.raises(dqn.ConfigError, match="imports a module"):
+        dqn.parse_args(["--resume", run])
+    assert dqn.parse_args(["--resume", run, "--env-id", "os:system"]).env_id == "os:system"
+    assert dqn.parse_args(["--resume", run, "--env-id", "CartPole-v1"]).env_id == "CartPole-v1"
+
+
+def snapshot(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            out[name] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_dqn_refused_resume_leaves_the_folder_as_it_was(tmp_path, capsys):
+    """Flags accepted, then no checkpoint to continue from: exit 2, and the run folder (its
+    args.json included) is as it was: a refused resume writes nothing."""
+    run = fake_run(tmp_path, dqn, batch_size=16, learning_starts=100)
+    before = snapshot(run)
+    capsys.readouterr()
+    assert dqn.cli(["--resume", run, "--learning-starts", "50", "--total-timesteps", "5000"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert snapshot(run) == before
+
+
+# --- DQN: a resume restores what was saved, and goes on as the unbroken run ----------------------
+
+DQN_RUN = (
+    "--hidden-sizes 16 --learning-starts 200 --batch-size 32 --buffer-size 5000 --updates-per-call 4 "
+    "--train-frequency 2 --eval-episodes 1 --eval-every 1000 --log-every 500 --checkpoint-every 0 "
+    "--total-timesteps 3000"
+).split()
+STOP_AT = 1000  # the first evaluation
+
+
+def stop_after_first_evaluation(monkeypatch):
+    """The run stops after its first evaluation as on SIGTERM (the loop's stop list gets a
+    signal number), at a step known in advance."""
+    real = dqn.evaluate
+
+    def evaluate(*a, **kw):
+        returns = real(*a, **kw)
+        stop = a[7] if len(a) > 7 else kw.get("stop")
+        stop.append(15)
+        return returns
+
+    monkeypatch.setattr(dqn, "evaluate", evaluate)
+
+
+def record_schedules(monkeypatch):
+    """Every value of epsilon's and beta's schedules that train() asks for, in order, and the
+    SGD-step totals the optimiser's learning-rate schedule is built for."""
+    calls, totals = [], []
+    real_schedule, real_optimizer = dqn.linear_schedule, dqn.make_optimizer
+
+    def linear_schedule(start, end, duration, t):
+        value = real_schedule(start, end, duration, t)
+        calls.append((start, end, duration, t, value))
+        return value
+
+    def make_optimizer(args, total_sgd_steps):
+        totals.append(total_sgd_steps)
+        return real_optimizer(args, total_sgd_steps)
+
+    monkeypatch.setattr(dqn, "linear_schedule", linear_schedule)
+    monkeypatch.setattr(dqn, "make_optimizer", make_optimizer)
+    return calls, totals
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A DQN run of 3000 steps stopped at step 1000: (its folder, the schedule calls it made)."""
+    run_dir = str(tmp_path_factory.mktemp("stopped") / "run")
+    with pytest.MonkeyPatch.context() as mp:
+        stop_after_first_evaluation(mp)
+        calls, totals = record_schedules(mp)
+        result = dqn.train(dqn.parse_args(DQN_RUN + ["--run-dir", run_dir]))
+    assert result["signal"] == 15 and result["global_step"] == STOP_AT
+    return run_dir, calls, totals
+
+
+def assert_same_arrays(got: dict, want: dict):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def assert_cpprb_holds(buffer, arrays: dict, args):
+    """cpprb's own state, the part sampling uses: rows stored, next insert slot, max priority,
+    and each slot's priority, read back through importance weights: with beta = 1 cpprb gives
+    w_i = min_j v_j / v_i, v = (p + eps)^alpha, so a slot whose priority was not restored shows."""
+    priority = arrays["replay/priority"]
+    stored = len(priority)
+    assert buffer.get_stored_size() == stored
+    assert buffer.get_next_index() == int(arrays["replay/next_index"])
+    np.testing.assert_allclose(buffer.get_max_priority(), arrays["replay/max_priority"], rtol=1e-6)
+    assert len(np.unique(priority)) > stored // 2  # the run's updates made the priorities differ
+    draw = buffer.sample(20 * stored, beta=1.0)
+    slots = draw["indexes"].astype(np.int64).ravel()
+    assert slots.max() < stored and len(np.unique(slots)) > stored // 2
+    v = (priority + args.per_eps) ** args.per_alpha
+    np.testing.assert_allclose(draw["weights"].ravel(), v.min() / v[slots], rtol=1e-4)
+    # and the rows at those slots are the saved ones
+    np.testing.assert_array_equal(draw["obs"], arrays["replay/obs"][slots])
+    np.testing.assert_array_equal(draw["action"].ravel(), arrays["replay/action"][slots].ravel())
+
+
+def test_dqn_resume_restores_the_saved_state_leaf_by_leaf(stopped):
+    """Built as train() builds it on --resume: the train state (params, target, optimiser state,
+    SGD steps), the key, the replay's rows, priorities, next index and max priority come back as
+    saved, in our arrays and in cpprb; the counters and the schedules at the resumed step are the
+    saved run's."""
+    run_dir, _, _ = stopped
+    ckpt = os.path.join(run_dir, "checkpoint.npz")
+    meta, arrays = dqn.load_npz(ckpt, "checkpoint")
+    args = dqn.parse_args(["--resume", run_dir])
+    saved = dqn.args_from_json(meta["args"], ckpt)
+    assert args == dataclasses.replace(saved, resume=run_dir, run_dir=run_dir)
+    assert meta["global_step"] == STOP_AT and meta["episodes"] > 0
+
+    envs = dqn.make_env(args.env_id, args.num_envs)
+    num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
+    envs.close()
+    network = dqn.QNetwork(num_actions, args.hidden_sizes, planes=dqn.is_planes(space))
+    total_sgd = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+    optimizer = dqn.make_optimizer(args, total_sgd)
+    template = dqn.init_train_state(network, optimizer, space.shape, dqn.jax.random.PRNGKey(12345))
+    state = dqn.restore_tree(template, arrays, "train_state/", ckpt)
+    saved_state = {k: v for k, v in arrays.items() if k.startswith("train_state/")}
+    assert_same_arrays(dqn.tree_arrays("train_state/", state), saved_state)
+    for part in ("params", "target_params", "opt_state", "sgd_steps"):
+        assert any(k.startswith(f"train_state/{part}") for k in saved_state), part
+    key = dqn.checked_array(arrays, "key", (2,), np.uint32, ckpt)
+    np.testing.assert_array_equal(key, arrays["key"])
+
+    replay, _ = dqn.make_replay(args, space)
+    replay.load_state_dict(arrays, ckpt, num_actions)
+    assert_same_arrays(replay.state_dict(), {k: v for k, v in arrays.items() if k.startswith("replay/")})
+    assert_cpprb_holds(replay.buffer, arrays, args)
+
+    # The schedules at the resumed step: epsilon and beta from the step, the learning rate from
+    # the optimiser's own count, which is the SGD step count (Adam's bias correction too).
+    sgd = int(arrays["train_state/sgd_steps"])
+    assert sgd == (STOP_AT - args.learning_starts) // args.train_frequency // 4 * 4
+    counts = [v for k, v in dqn.tree_arrays("train_state/opt_state/", state.opt_state).items() if k.endswith("count")]
+    assert len(counts) == 2 and all(int(c) == sgd for c in counts)
+    step = meta["global_step"]
+    for a in (args, saved):  # the same values, computed from the resumed and the saved flags
+        epsilon = dqn.linear_schedule(a.start_e, a.end_e, a.exploration_fraction * a.total_timesteps, step)
+        beta = dqn.linear_schedule(a.per_beta0, 1.0, a.total_timesteps, step)
+        lr = optax.linear_schedule(a.learning_rate, 0.0, total_sgd)(sgd)
+        # epsilon reached --end-e at step 600; beta is 1/3 of its way from 0.4 to 1
+        assert (epsilon, beta, float(lr)) == pytest.approx((0.05, 0.6, 1e-3 * (1 - sgd / total_sgd)))
+
+
+def test_dqn_resumed_run_writes_back_the_same_checkpoint(stopped, tmp_path, monkeypatch):
+    """Through train(): a resume with nothing left to run checkpoints what it restored, and that
+    file equals the one it resumed from, array by array; cpprb holds the saved replay."""
+    run_dir = shutil.copytree(stopped[0], tmp_path / "run")
+    before_meta, before = dqn.load_npz(str(run_dir), "checkpoint")
+    replays = []
+    real_make_replay = dqn.make_replay
+
+    def make_replay(args, space):
+        replay, nstep = real_make_replay(args, space)
+        replays.append(replay)
+        return replay, nstep
+
+    monkeypatch.setattr(dqn, "make_replay", make_replay)
+    result = dqn.train(dqn.parse_args(["--resume", str(run_dir), "--total-timesteps", str(STOP_AT)]))
+    assert result["global_step"] == STOP_AT and result["sgd_steps"] == int(before["train_state/sgd_steps"])
+    meta, after = dqn.load_npz(str(run_dir), "checkpoint")
+    assert (meta["global_step"], meta["episodes"]) == (before_meta["global_step"], before_meta["episodes"])
+    assert_same_arrays(after, before)
+    assert len(replays) == 1
+    assert_cpprb_holds(replays[0].buffer, before, dqn.args_from_json(before_meta["args"], "meta"))
+
+
+def test_dqn_resumed_run_goes_on_as_the_unbroken_one(stopped, tmp_path, monkeypatch):
+    """Stopped at 1000 and resumed to 3000, against the same run not stopped: the same epsilon and
+    beta at every step, asked for in the same order (so the SGD calls fall on the same steps),
+    the same learning-rate schedule, the same counters at the end, and the optimiser's count
+    went on from the saved one."""
+    run_dir = str(shutil.copytree(stopped[0], tmp_path / "run"))
+    calls, totals = record_schedules(monkeypatch)
+    reference = dqn.train(dqn.parse_args(DQN_RUN + ["--run-dir", str(tmp_path / "unbroken")]))
+    unbroken_calls, unbroken_totals = list(calls), list(totals)
+    calls.clear()
+    totals.clear()
+    resumed_run = dqn.train(dqn.parse_args(["--resume", run_dir]))
+    _, first_calls, first_totals = stopped
+    assert first_calls[-1][3] <= STOP_AT and calls[0][3] == STOP_AT  # epsilon at the resumed step first
+    assert first_calls + calls == unbroken_calls
+    assert first_totals == totals == unbroken_totals
+    assert resumed_run["global_step"] == reference["global_step"] == 3000
+    assert resumed_run["sgd_steps"] == reference["sgd_steps"] == (3000 - 200) // 2 // 4 * 4
+    _, arrays = dqn.load_npz(run_dir, "checkpoint")
+    counts = [v for k, v in arrays.items() if k.startswith("train_state/opt_state/") and k.endswith("count")]
+    assert len(counts) == 2 and all(int(c) == reference["sgd_steps"] for c in counts)
+    with open(os.path.join(run_dir, "eval.csv")) as f:
+        resumed_evals = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    with open(os.path.join(tmp_path / "unbroken", "eval.csv")) as f:
+        unbroken_evals = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    assert resumed_evals == unbroken_evals == ["1000", "2000", "3000"]
