@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 import signal
 import sys
 import tempfile
@@ -316,7 +317,7 @@ class FrameStore:
     that checks it after copying knows which frames may have changed under it (a stale row)."""
 
     def __init__(self, buffer_size: int, num_envs: int, frame_shape):
-        self.capacity = buffer_size + buffer_size // 10 + 4096  # resets add frames: episodes of 10+ steps fit
+        self.capacity = buffer_size + buffer_size // 10 + 8 * num_envs + 4096  # resets add frames: see docs/dqn.md
         self.frames = np.zeros((self.capacity,) + tuple(frame_shape), np.uint8)
         self.written = 0
         self.stack = np.zeros((num_envs, FRAME_STACK), np.int64)  # frame numbers each env shows
@@ -364,17 +365,18 @@ class PrioritizedReplay:
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shape, dtype) for k, (shape, dtype) in self.spec.items()}
+        self.stage_rows = min(self.STAGE_ROWS, capacity)
+        self.stage = {k: np.zeros((self.stage_rows,) + shape, dtype) for k, (shape, dtype) in self.spec.items()}
         self.staged = self.stale = 0
 
     def add(self, rows: Optional[dict]) -> None:
         done, total = 0, 0 if rows is None else len(rows["action"])
         while done < total:
-            take = min(total - done, self.STAGE_ROWS - self.staged)
+            take = min(total - done, self.stage_rows - self.staged)
             for key, column in self.stage.items():
                 column[self.staged : self.staged + take] = rows[key][done : done + take]
             self.staged, done = self.staged + take, done + take
-            if self.staged == self.STAGE_ROWS:
+            if self.staged == self.stage_rows:
                 self.flush()
 
     def flush(self) -> None:
@@ -424,8 +426,9 @@ class PrioritizedReplay:
             raise ValueError("priorities must be finite and >= 0")
         with self.lock:
             fresh = self.write_count[indexes] == stamps
-            self.buffer.update_priorities(indexes[fresh], priorities[fresh])
-            self.priority[indexes[fresh]] = priorities[fresh]
+            if fresh.any():  # cpprb refuses an empty update
+                self.buffer.update_priorities(indexes[fresh], priorities[fresh])
+                self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
 
     def state_dict(self) -> dict:
@@ -463,7 +466,7 @@ class PrioritizedReplay:
         )
         if self.frames is not None:
             written = int(get("replay/frames_written", (), np.int64))
-            require(written >= 0, f"{path}: replay/frames_written is negative")
+            require(0 <= written < 2**62, f"{path}: replay/frames_written is out of range")
             kept = min(written, self.frames.capacity)
             self.frames.frames[:kept] = get("replay/frames", (kept,) + self.frames.frames.shape[1:], np.uint8)
             numbers = np.concatenate([data["obs"].ravel(), data["next_obs"].ravel()])
@@ -653,7 +656,8 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     probe.close()
     vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
     require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
-    require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}: not a vector or image")
+    takes = "this script takes vectors, uint8 images or bool planes"
+    require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
     wrappers, kwargs = [], {}
     if is_image(space) and ale:
         wrappers = [functools.partial(gym.wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)]
@@ -744,6 +748,7 @@ def write_atomic(path: str, write) -> None:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp.")
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would keep a shared run's files from its readers
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -766,14 +771,17 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[i
     """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
     (a hard link, no copy), and the oldest of those go only once the new one is complete."""
     path = os.path.join(run_dir, "checkpoint.npz")
-    if keep > 1 and previous is not None and previous != meta["global_step"] and os.path.isfile(path):
-        link = f"{path}.tmp.link"
-        os.link(path, link, follow_symlinks=False)
-        os.replace(link, os.path.join(run_dir, f"checkpoint-{previous}.npz"))
-    save_npz(path, meta, arrays)
-    kept = sorted(int(n[11:-4]) for n in os.listdir(run_dir) if n[11:-4].isdigit() and n.startswith("checkpoint-"))
-    for old in kept[: max(0, len(kept) - keep + 1)]:
-        os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
+    try:
+        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
+            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
+            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
+        save_npz(path, meta, arrays)
+        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
+        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
+        for old in kept[: max(0, len(kept) - keep + 1)]:
+            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
+    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
+        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
@@ -854,11 +862,18 @@ def check_args(args: Args, packages: bool = True) -> None:
         require(name not in POSITIVE or value is None or value > 0, f"{flag} must be positive, got {value}")
         require(name not in FRACTIONS or 0 <= value <= 1, f"{flag} must be in [0, 1], got {value}")
     require(0 <= args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
-    require(
-        args.hidden_sizes and 0 < min(args.hidden_sizes) <= max(args.hidden_sizes) <= 65_536, "--hidden-sizes: 1..65536"
-    )
+    widths = args.hidden_sizes
+    require(widths and 0 < min(widths) <= max(widths) <= 65_536, "--hidden-sizes must be widths in 1..65536")
     require(max(args.num_envs, args.eval_episodes) <= 1024, "--num-envs and --eval-episodes must be at most 1024")
-    require(args.batch_size <= args.buffer_size <= 2**30, "--batch-size must be at most --buffer-size, itself <= 2^30")
+    require(len(args.hidden_sizes) <= 16 and args.n_step <= 1000, "--hidden-sizes: at most 16 layers; --n-step <= 1000")
+    require(
+        args.updates_per_call <= 10_000 and args.prefetch_size <= 64,
+        "--updates-per-call <= 10^4, --prefetch-size <= 64",
+    )
+    require(args.per_alpha <= 1, f"--per-alpha must be in [0, 1], got {args.per_alpha}")
+    require(
+        args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
+    )
     require(
         args.learning_starts >= args.batch_size, f"--learning-starts must be at least --batch-size {args.batch_size}"
     )
@@ -904,7 +919,7 @@ class Logger:
                     entity=args.wandb_entity,
                     config=config,
                     name=name,
-                    id=name[-64:],
+                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
                     dir=run_dir,
                     resume="allow",
                 )
@@ -919,8 +934,9 @@ class Logger:
         self.file.flush()
         self.csv, rows = os.path.join(run_dir, "eval.csv"), ["step,mean,std,episodes\n"]
         if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
-            with open(self.csv) as f:
-                rows += [r for r in f if r[:12].split(",")[0].isdigit() and int(r.split(",")[0]) <= resumed_at]
+            with open(self.csv, errors="replace") as f:  # the folder's file: maybe not even text
+                steps = [(r, r.split(",")[0]) for r in f]
+            rows += [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
@@ -955,6 +971,8 @@ def open_run_dir(args: Args) -> str:
     os.makedirs(run_dir, exist_ok=True)
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
+        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links
+            subfolders.remove("wandb")
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
     for name in os.listdir(run_dir):
@@ -1001,6 +1019,7 @@ def train(args: Args, env_fn=None) -> dict:
         cleanup.callback(envs.close)
         mode = envs.metadata.get("autoreset_mode")
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
+        require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
@@ -1089,9 +1108,13 @@ def train(args: Args, env_fn=None) -> dict:
             # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
             # the prefetch thread, priorities go back on the writer thread.
             while max(0, step - args.learning_starts) // args.train_frequency - sgd_done >= args.updates_per_call:
+                if stopped:
+                    break
                 replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
                 replay.flush()
-                while len(ahead) < args.prefetch_size:
+                if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
+                    break
+                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
                     ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))
                 t0 = time.perf_counter()
                 batches, indexes, stamps = ahead.popleft().result()
@@ -1131,7 +1154,8 @@ def train(args: Args, env_fn=None) -> dict:
             if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
-        checkpoint()
+        if saved_step != step:
+            checkpoint()
         bar.close()  # before anything else prints
         if not stopped:
             save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))
@@ -1152,6 +1176,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
     rows = replay.buffer.get_stored_size()
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
@@ -1173,8 +1198,9 @@ def parse_args(argv=None) -> Args:
     """tyro's parse; --preset swaps in the preset's defaults, --resume the run's own flags, and any
     flag typed here wins over both. Where to write and what to send where come from here only."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    preset = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--preset"), None)
-    preset = next((a[9:] for a in argv if a.startswith("--preset=")), preset)
+    preset = None
+    for i, token in enumerate(argv):  # the last one wins, as in tyro
+        preset = token[9:] if token.startswith("--preset=") else argv[i + 1] if token == "--preset" else preset
     typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args())
     if typed.resume is None:
         return typed
@@ -1208,6 +1234,9 @@ def cli(argv=None) -> int:
         return 2 if isinstance(e, ConfigError) else 1
     except MemoryError:
         print(f"{SCRIPT}.py: error: out of memory (a smaller --buffer-size?)", file=sys.stderr)
+        return 1
+    except OSError as e:  # a folder that cannot be made, a full disk at a log tick, ...
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 1
     return 128 + result["signal"] if "signal" in result else 0
 

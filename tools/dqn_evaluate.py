@@ -66,7 +66,8 @@ def main(argv=None) -> int:
         video = None
         if options.capture_video:
             video = (os.path.join(os.path.dirname(os.path.abspath(path)), "videos"), "eval")
-            dqn.require(not os.path.islink(video[0]), f"{video[0]} is a symlink: not written")
+            links = os.path.isdir(video[0]) and any(os.path.islink(f"{video[0]}/{n}") for n in os.listdir(video[0]))
+            dqn.require(not os.path.islink(video[0]) and not links, f"{video[0]} is or holds a symlink: not written")
             dqn.check_args(dqn.Args(capture_video=True))  # moviepy is there
         returns = dqn.evaluate(act, params, env_fn, options.episodes, epsilon, seed, video)
     except dqn.ConfigError as e:
