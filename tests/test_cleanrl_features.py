@@ -363,12 +363,9 @@ def test_track_logs_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_pat
         assert os.path.getsize(os.path.join(os.path.dirname(files[0]), "files", video["path"])) == video["size"] > 0
 
 
-@pytest.mark.parametrize("name", ["sac", "bc"])
-def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
-    """curve.png goes through the script's write_atomic: a failed write says so in one line and
-    the finished run is not failed by it. (dqn_prioritized.py writes no curve.png: the next test.)"""
+def run_on_a_full_disk(tmp_path, monkeypatch, module):
+    """A run folder with an eval.csv, and `module`'s os.replace failing as on a full disk."""
     pytest.importorskip("matplotlib")
-    module = RUNS[name][0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
@@ -377,6 +374,15 @@ def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(module.os, "replace", full)
+    return run_dir
+
+
+@pytest.mark.parametrize("name", ["sac", "bc"])
+def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
+    """curve.png goes through the script's write_atomic: a failed write says so in one line and
+    the finished run is not failed by it. (dqn_prioritized.py writes no curve.png: the next test.)"""
+    module = RUNS[name][0]
+    run_dir = run_on_a_full_disk(tmp_path, monkeypatch, module)
     assert module.write_curve(str(run_dir)) is None
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "No space left on device" in err and "curve.png" in err, err
@@ -386,16 +392,8 @@ def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path
 def test_plot_run_on_a_full_disk_fails_and_leaves_no_temp_file(tmp_path, monkeypatch):
     """tools/plot_run.py is run by hand after a run, so a failed write is its error (not swallowed);
     it leaves neither a temp file nor a curve.png."""
-    pytest.importorskip("matplotlib")
     plot = load_tool("plot_run")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
-
-    def full(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(plot.os, "replace", full)
+    run_dir = run_on_a_full_disk(tmp_path, monkeypatch, plot)
     with pytest.raises(OSError, match="No space left on device"):
         plot.write_curve(str(run_dir))
     assert sorted(os.listdir(run_dir)) == ["eval.csv"]
