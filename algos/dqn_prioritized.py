@@ -1046,7 +1046,7 @@ def train(args: Args, env_fn=None) -> dict:
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
-        frames, lives, metrics, last_eval = replay.frames, None, {}, float("nan")
+        frames, lives, metrics, last_eval = replay.frames, None, {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         sgd_done, act_params = int(state.sgd_steps), local_copy(state.params)
         next_log, next_eval, next_ckpt = (
@@ -1142,14 +1142,14 @@ def train(args: Args, env_fn=None) -> dict:
                 logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
                 logger.file.flush()
                 loss = float(metrics.get("losses/td_loss", float("nan")))
-                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval:.1f}"
+                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval}"
                 bar.update(step - bar.n)
                 bar.set_postfix_str(line, refresh=False)
                 if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
                     print(f"step {step:>8d}  {line}", flush=True)
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
-                last_eval = last_eval if returns is None else returns.mean()
+                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
             minutes = (time.monotonic() - saved_time) / 60
             if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
