@@ -31,7 +31,7 @@ Your own env: one factory builds the training and the evaluation envs, e.g.
   dqn_prioritized.train(dqn_prioritized.Args(env_id="MyEnv"), my_envs)
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
 (CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
-Design notes and every measured figure: docs/dqn.md.
+Design notes: docs/dqn.md; measured figures: README.md and docs/dqn.md.
 """
 
 from __future__ import annotations
@@ -396,8 +396,8 @@ class PrioritizedReplay:
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)  # its indexes and weights: reused arrays
-                draw["indexes"] = draw["indexes"].astype(np.int64)
+                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays:
+                draw["indexes"] = draw["indexes"].astype(np.int64)  # copy them (astype, the division)
                 draw["weights"] = draw["weights"] / draw["weights"].max()  # per minibatch, as Acme, Dopamine
                 draws.append(draw)
             batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
@@ -705,7 +705,7 @@ def lost_life(info, lives, done):
     return ((now < lives) & ~done if lives is not None else np.zeros_like(done)), now
 
 
-def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None) -> np.ndarray:
+def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
     """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
     every time; an evaluation a signal cuts short returns None."""
     envs = env_fn(episodes, video=video)
