@@ -52,9 +52,8 @@ import sys
 import tempfile
 import threading
 import time
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -63,14 +62,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pydantic
 import rlax
 import tqdm
 import tyro
+from pydantic import Field
 
 SCRIPT = "dqn_prioritized"
 FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 FRAME_STACK = 4
 ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
+
+
+# The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
+Count = Annotated[int, Field(ge=1, lt=2**31)]
+Envs = Annotated[int, Field(ge=1, le=1024)]
+Positive = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Rate = Annotated[float, Field(gt=0, le=1)]
 
 
 @dataclass
@@ -82,80 +91,83 @@ class Args:
     """start from the PER paper's Atari or the MinAtar paper's hyper-parameters; other flags still win"""
     seed: int = 1
     """seed of the envs, the network and the exploration"""
-    total_timesteps: int = 100_000
+    total_timesteps: Count = 100_000
     """environment steps, summed over the envs"""
-    num_envs: int = 1
+    num_envs: Envs = 1
     """parallel training environments"""
-    hidden_sizes: Tuple[int, ...] = (120, 84)
+    hidden_sizes: Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)] = (
+        120,
+        84,
+    )
     """hidden layer widths (after the convolutions for images)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """Adam, or torch's centred RMSProp as the MinAtar paper used it (decay 0.95, eps 0.01)"""
-    learning_rate: float = 1e-3
+    learning_rate: Positive = 1e-3
     """the optimiser's step size"""
-    adam_eps: float = 1e-8
+    adam_eps: Positive = 1e-8
     """Adam's epsilon"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over training, which steadies the final policy"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: Positive = 10.0
     """clip the global gradient norm to this"""
-    batch_size: int = 128
+    batch_size: Count = 128
     """transitions per SGD step"""
-    gamma: float = 0.99
+    gamma: Rate = 0.99
     """discount factor"""
-    n_step: int = 3
+    n_step: Annotated[int, Field(ge=1, le=1000)] = 3
     """rewards per return (1: one-step Q-learning)"""
-    huber_delta: float = 1.0
+    huber_delta: Positive = 1.0
     """Huber loss threshold (a large value gives the squared error)"""
-    clip_reward: Optional[float] = None
+    clip_reward: Optional[Positive] = None
     """clip each reward to [-c, c] for learning; logged and evaluated returns stay the env's own"""
     terminal_on_life_loss: bool = True
     """envs with info["lives"] (ALE): a lost life ends the return for learning; the game plays on"""
-    tau: float = 1.0
+    tau: Rate = 1.0
     """target update rate: 1 copies the online net, < 1 is a Polyak average"""
-    target_network_frequency: int = 500
+    target_network_frequency: Count = 500
     """SGD steps between target updates"""
-    learning_starts: int = 1_000
+    learning_starts: Count = 1_000
     """environment steps of collection before learning"""
-    train_frequency: int = 2
+    train_frequency: Count = 2
     """environment steps per SGD step"""
-    start_e: float = 1.0
+    start_e: Fraction = 1.0
     """initial exploration epsilon"""
-    end_e: float = 0.05
+    end_e: Fraction = 0.05
     """final exploration epsilon"""
-    exploration_fraction: float = 0.2
+    exploration_fraction: Rate = 0.2
     """fraction of --total-timesteps over which epsilon decays linearly"""
     # Replay
-    buffer_size: int = 50_000
+    buffer_size: Count = 50_000
     """replay capacity in transitions"""
     prioritized: bool = True
     """prioritized replay; --no-prioritized samples uniformly through the same code (alpha = 0)"""
-    per_alpha: float = 0.6
+    per_alpha: Fraction = 0.6
     """priority exponent alpha"""
-    per_beta0: float = 0.4
+    per_beta0: Fraction = 0.4
     """initial importance-sampling exponent, annealed linearly to 1"""
-    per_eps: float = 1e-6
+    per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
     # Learner
-    updates_per_call: int = 32
+    updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 32
     """SGD steps fused in one jitted call"""
-    prefetch_size: int = 2
+    prefetch_size: Annotated[int, Field(ge=1, le=64)] = 2
     """calls' worth of batches the prefetch thread keeps ready on the device"""
-    num_devices: int = 1
+    num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
     # Run and output
-    eval_every: int = 10_000
+    eval_every: Count = 10_000
     """environment steps between evaluations"""
-    eval_episodes: int = 10
+    eval_episodes: Envs = 10
     """episodes per evaluation, run as parallel envs"""
-    eval_epsilon: float = 0.0
+    eval_epsilon: Fraction = 0.0
     """epsilon of the evaluation policy"""
-    checkpoint_every: int = 50_000
+    checkpoint_every: Annotated[int, Field(ge=0, lt=2**31)] = 50_000
     """environment steps between checkpoints (0: none by steps)"""
-    checkpoint_minutes: float = 30.0
+    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
     """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    keep_checkpoints: int = 1
+    keep_checkpoints: Count = 1
     """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
-    log_every: int = 1_000
+    log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
     run_dir: Optional[str] = None
     """output folder (default runs/<env_id>__dqn_prioritized__<seed>__<unix time>); must be new or empty"""
@@ -169,6 +181,8 @@ class Args:
     """W&B project"""
     wandb_entity: Optional[str] = None
     """W&B team or user"""
+
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
 
 # The PER paper's proportional variant (Schaul et al. 2016, App. B) on tuned Double DQN (van Hasselt
@@ -826,72 +840,34 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
-def fits(value, hint) -> bool:
-    """Whether a value read from JSON has the type of an Args annotation."""
-    origin, params = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        return any(fits(value, h) for h in params)
-    if origin is Literal:
-        return any(type(value) is type(p) and value == p for p in params)
-    if origin is tuple:
-        return isinstance(value, list) and all(fits(v, params[0]) for v in value)
-    return type(value) in (int, float) if hint is float else type(value) is hint
+def args_from_json(saved, where: str = "") -> Args:
+    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
+    its range, or one ConfigError naming the first bad flag; unknown names are ignored."""
+    try:
+        return pydantic.TypeAdapter(Args).validate_json(json.dumps(saved))
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
+        message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
+        raise ConfigError(f"{where}: {message}" if where else message) from None
 
 
-def args_from_json(saved, path: str) -> Args:
-    """Flags read back from a file (maybe hostile): each checked against its annotation; unknown ones
-    are ignored, missing ones take the default."""
-    require(isinstance(saved, dict), f"{path}: no flags in it")
-    hints, values = typing.get_type_hints(Args), {}
-    for name, value in saved.items():
-        if name in hints:
-            require(fits(value, hints[name]), f"{path}: flag {name} is {value!r}, not a {hints[name]}")
-            values[name] = tuple(value) if isinstance(value, list) else float(value) if hints[name] is float else value
-    args = Args(**values)
-    check_args(args, packages=False)
-    return args
-
-
-def check_args(args: Args, packages: bool = True) -> None:
-    """The first bad flag as one ConfigError; packages=False skips the optional packages (for flags read
-    from a file: a saved --track or --capture-video asks for nothing until a run acts on it)."""
-    for name, value in dataclasses.asdict(args).items():
-        flag = "--" + name.replace("_", "-")
-        require(not isinstance(value, float) or np.isfinite(value), f"{flag} must be a finite number")
-        require(not isinstance(value, int) or abs(value) < 2**31, f"{flag} {value} is too large")
-        require(name not in POSITIVE or value is None or value > 0, f"{flag} must be positive, got {value}")
-        require(name not in FRACTIONS or 0 <= value <= 1, f"{flag} must be in [0, 1], got {value}")
+def check_args(args: Args, packages: bool = True) -> Args:
+    """The checks of each flag and those between flags; packages=False skips the optional packages (for
+    flags read from a file: a saved --track or --capture-video asks for nothing until a run acts on it)."""
+    args = args_from_json(dataclasses.asdict(args))
     require(0 <= args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
-    widths = args.hidden_sizes
-    require(widths and 0 < min(widths) <= max(widths) <= 65_536, "--hidden-sizes must be widths in 1..65536")
-    require(max(args.num_envs, args.eval_episodes) <= 1024, "--num-envs and --eval-episodes must be at most 1024")
-    require(len(args.hidden_sizes) <= 16 and args.n_step <= 1000, "--hidden-sizes: at most 16 layers; --n-step <= 1000")
-    require(
-        args.updates_per_call <= 10_000 and args.prefetch_size <= 64,
-        "--updates-per-call <= 10^4, --prefetch-size <= 64",
-    )
-    require(args.per_alpha <= 1, f"--per-alpha must be in [0, 1], got {args.per_alpha}")
     require(
         args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
     )
-    require(
-        args.learning_starts >= args.batch_size, f"--learning-starts must be at least --batch-size {args.batch_size}"
-    )
-    require(
-        min(args.per_alpha, args.checkpoint_every, args.checkpoint_minutes) >= 0, "--per-alpha, --checkpoint-*: >= 0"
-    )
-    require(args.num_devices > 0 or args.num_devices == -1, "--num-devices must be positive or -1 (all)")
+    require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
+    require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
     for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
         try:
             packages and getattr(args, flag) and __import__(package)
         except ImportError:
             raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
-
-
-POSITIVE = """total_timesteps num_envs buffer_size batch_size n_step target_network_frequency train_frequency
-    updates_per_call prefetch_size eval_every eval_episodes log_every keep_checkpoints learning_rate adam_eps
-    max_grad_norm huber_delta per_eps clip_reward gamma tau exploration_fraction""".split()
-FRACTIONS = "start_e end_e eval_epsilon per_beta0 gamma tau exploration_fraction".split()
+    return args
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
@@ -1010,7 +986,7 @@ def next_multiple(step: int, every: int):
 def train(args: Args, env_fn=None) -> dict:
     """Train; env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training
     and evaluation envs (default: make_env for --env-id). Returns a summary dict."""
-    check_args(args)
+    args = check_args(args)
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     shardings = learner_shardings(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)

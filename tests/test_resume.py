@@ -198,7 +198,7 @@ def test_nan_flag_is_refused(script, capsys):
     flag = "--per-alpha"
     capsys.readouterr()
     assert MODULES[script].cli([flag, "nan"]) == 2
-    assert "must be a finite number" in capsys.readouterr().err
+    assert "finite number" in capsys.readouterr().err
 
 
 # --- DQN: what a run folder may not decide -------------------------------------------------------
