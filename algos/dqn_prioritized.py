@@ -80,6 +80,7 @@ Envs = Annotated[int, Field(ge=1, le=1024)]
 Positive = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Rate = Annotated[float, Field(gt=0, le=1)]
+Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)]
 
 
 @dataclass
@@ -95,10 +96,7 @@ class Args:
     """environment steps, summed over the envs"""
     num_envs: Envs = 1
     """parallel training environments"""
-    hidden_sizes: Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)] = (
-        120,
-        84,
-    )
+    hidden_sizes: Widths = (120, 84)
     """hidden layer widths (after the convolutions for images)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """Adam, or torch's centred RMSProp as the MinAtar paper used it (decay 0.95, eps 0.01)"""
