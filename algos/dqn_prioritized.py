@@ -49,7 +49,6 @@ import json
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -757,21 +756,18 @@ def first_line(error: BaseException) -> str:
 def write_atomic(path: str, write) -> None:
     """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
     leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
-    tmp = None
+    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp.")
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would keep a shared run's files from its readers
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:  # x: a file of its own, never one found there
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
-        if tmp is not None and os.path.exists(tmp):
+    except OSError as e:
+        raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
-        if isinstance(e, OSError):
-            raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
-        raise
 
 
 def save_npz(path: str, meta: dict, arrays: dict) -> None:
@@ -876,8 +872,6 @@ class Logger:
     flushed at each log tick (its EventFileWriter's thread cost 12%: README, Speed), eval.csv, and with
     --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
 
-    files = 0  # tells apart the event files one process opens in one second
-
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
@@ -900,8 +894,7 @@ class Logger:
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
-        Logger.files += 1
-        name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{Logger.files}"
+        name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
         self.file = open(os.path.join(run_dir, name), "xb")
         self.writer = RecordWriter(self.file)
         self.writer.write(self.event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
