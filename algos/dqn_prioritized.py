@@ -401,13 +401,15 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def _draw(self, batch_size, num_batches, beta):
+    def sample(self, batch_size: int, num_batches: int = 1):
+        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts). For
+        frames, a row whose frames were overwritten since its insert gets weight 0 and no write-back."""
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
         # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays:
+                draw = self.buffer.sample(batch_size, beta=self.beta)  # cpprb reuses its arrays:
                 draw["indexes"] = draw["indexes"].astype(np.int64)  # copy them (astype, the division)
                 draw["weights"] = draw["weights"] / draw["weights"].max()  # per minibatch, as Acme, Dopamine
                 draws.append(draw)
@@ -417,12 +419,6 @@ class PrioritizedReplay:
         for key in ("action", "reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1)
         batch["weights"] = batch["weights"].astype(np.float32)
-        return batch, indexes, stamps
-
-    def sample(self, batch_size: int, num_batches: int = 1):
-        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts). For
-        frames, a row whose frames were overwritten since its insert gets weight 0 and no write-back."""
-        batch, indexes, stamps = self._draw(batch_size, num_batches, self.beta)
         if self.frames is not None:
             batch["obs"], obs_ok = self.frames.read(batch["obs"])
             batch["next_obs"], next_ok = self.frames.read(batch["next_obs"])
@@ -518,12 +514,8 @@ class TrainState(NamedTuple):
     sgd_steps: jax.Array
 
 
-def make_optimizer(args: Args, total_sgd_steps: int) -> optax.GradientTransformation:
-    lr = (
-        optax.linear_schedule(args.learning_rate, 0.0, max(total_sgd_steps, 1))
-        if args.anneal_lr
-        else args.learning_rate
-    )
+def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
+    lr = optax.linear_schedule(args.learning_rate, 0.0, max(sgd_steps, 1)) if args.anneal_lr else args.learning_rate
     if args.optimizer == "rmsprop":  # torch's centred RMSprop: eps outside the root (MinAtar's DQN)
         step = optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
     else:
@@ -1074,9 +1066,8 @@ def train(args: Args, env_fn=None) -> dict:
 
             # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
             # the prefetch thread, priorities go back on the writer thread.
-            while max(0, step - args.learning_starts) // args.train_frequency - sgd_done >= args.updates_per_call:
-                if stopped:
-                    break
+            sgd_due = (step - args.learning_starts) // args.train_frequency
+            while not stopped and sgd_due - sgd_done >= args.updates_per_call:
                 replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
                 replay.flush()
                 if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
@@ -1199,11 +1190,8 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
-    except MemoryError:
-        print(f"{SCRIPT}.py: error: out of memory (a smaller --buffer-size?)", file=sys.stderr)
-        return 1
-    except OSError as e:  # a folder that cannot be made, a full disk at a log tick, ...
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+    except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
+        print(f"{SCRIPT}.py: error: {e or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
     return 128 + result["signal"] if "signal" in result else 0
 
