@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray at a time (pytest.ini)
+
 BENCH = os.path.join(ROOT, "benchmark.sh")
 
 
