@@ -49,7 +49,7 @@ The replay ratio
 Where the replay lives
   In the learner's process: chunks arrive as the results of the actors' requests, the learner
   adds them between updates and samples from memory. A replay of its own (a Ray actor) would add a
-  round trip through the object store to every sample; measured side by side: README, Ape-X.
+  round trip through the object store to every sample; measured side by side: docs/apex.md.
 
 Faults
   Actors are Ray actors that Ray restarts when they die; the learner sends the new one its next
@@ -843,7 +843,7 @@ def is_image(space: gym.Space) -> bool:
 def image_pipeline(probe: gym.Env, max_episode_frames: int) -> Tuple[list, dict]:
     """(wrappers, env kwargs) giving 84x84 grey frames stacked by 4; ALE games get gymnasium's
     AtariPreprocessing (no-op starts, 4 frames per step with the max of the last two). The replay
-    keeps the stacks as uint8 pixels (56 KB per transition: README, Ape-X)."""
+    keeps the stacks as uint8 pixels (56 KB per transition: docs/apex.md)."""
     from gymnasium import wrappers
 
     stack = functools.partial(wrappers.FrameStackObservation, stack_size=FRAME_STACK)
@@ -1643,7 +1643,7 @@ class Logger:
         # tensorboard's own event format and record writer, written on this thread into a buffered
         # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
         # writer thread: at one event per episode, that thread's turns at the GIL cost about 12% of
-        # a CartPole run at CleanRL's settings (README, Speed).
+        # a CartPole run at CleanRL's settings (docs/benchmarks.md, Speed).
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
         self._file = open(os.path.join(run_dir, name), "wb")
         self._writer = RecordWriter(self._file)

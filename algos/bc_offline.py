@@ -13,7 +13,7 @@ What it implements
     written back from another thread. Each of the K minibatches of a call is its own stratified
     draw over the whole dataset (not a slice of one K*B draw: see PrioritizedDataset.sample; a
     permutation of one K*B draw would cost less but keep one draw's strata instead of the
-    paper's per-minibatch ones: README, Sampling). With --num-devices N the
+    paper's per-minibatch ones: docs/sampling.md). With --num-devices N the
     SGD steps run data parallel on N local devices (replicated parameters, each batch split,
     gradients averaged; see learner_shardings).
 
@@ -44,7 +44,7 @@ Datasets (--dataset, repeatable: their union is used)
   * .npz files with the D4RL keys (metadata as "metadata/<name>" entries).
   Trajectories end at terminals, at timeouts and at the end of each file or Minari episode.
   algos/dqn_prioritized.py and algos/sac.py write the D4RL format with --save-dataset; data/
-  ships three small files made that way (see README for the commands).
+  ships three small files made that way (docs/offline.md has the commands).
 
 Map of this file
   Part 1, the algorithm: Args (the flags), Policy, PrioritizedDataset, the learner
@@ -154,7 +154,7 @@ class Args:
     # Replay (sampling of the dataset)
     prioritized: bool = False
     """sample examples in proportion to their loss (the nll: its misfit term; IS-weighted); off
-    by default: on the shipped datasets it matched uniform sampling or trailed it (see README)"""
+    by default: on the shipped datasets it matched uniform sampling or trailed it (docs/benchmarks.md, Ablations)"""
     per_alpha: float = 0.6
     """priority exponent alpha"""
     per_beta0: float = 0.4
@@ -1137,7 +1137,7 @@ def learner_shardings(args: Args) -> Shardings:
 
 def local_copy(tree):
     """One device's copy of a replicated state, without a transfer (a view of its buffers), for
-    acting: a policy call on the replicated arrays would run on every device (measured: README).
+    acting: a policy call on the replicated arrays would run on every device (measured: docs/multidevice.md).
     Take it again after each update: the update donates the state whose buffers it shares."""
     return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
 
@@ -1550,14 +1550,14 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
         old = path[: -len(".npz")] + ".pkl"
-        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
+        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; docs/reliability.md, 'Old .pkl files')"
         raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
             raise ConfigError(
                 f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
                 "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                "tools/convert_pkl.py (README, 'Old .pkl files')"
+                "tools/convert_pkl.py (docs/reliability.md, 'Old .pkl files')"
             )
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -1690,7 +1690,7 @@ class Logger:
         # tensorboard's own event format and record writer, written on this thread into a buffered
         # file that flush() empties at each log tick, as the RL scripts do: there, EventFileWriter's
         # writer thread, taking its turns at the GIL for every episode's event, cost about 12% of a
-        # CartPole run (README, Speed).
+        # CartPole run (docs/benchmarks.md, Speed).
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
         self._file = open(os.path.join(run_dir, name), "wb")
         self._writer = RecordWriter(self._file)

@@ -31,7 +31,7 @@ Your own env: one factory builds the training and the evaluation envs, e.g.
   dqn_prioritized.train(dqn_prioritized.Args(env_id="MyEnv"), my_envs)
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
 (CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
-Design notes: docs/dqn.md; measured figures: README.md and docs/dqn.md.
+Design notes and measured figures: docs/dqn.md and the pages it names.
 """
 
 from __future__ import annotations
@@ -789,7 +789,7 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
     require(os.path.isfile(path), f"no such file: {path}")
     with open(path, "rb") as f:
-        require(f.read(1) != b"\x80", f"{path} is a pickle of an earlier version: not loaded (README, Old .pkl files)")
+        require(f.read(1) != b"\x80", f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -861,7 +861,7 @@ def check_args(args: Args, packages: bool = True) -> Args:
 
 class Logger:
     """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
-    flushed at each log tick (its EventFileWriter's thread cost 12%: README, Speed), eval.csv, and with
+    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
     --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):

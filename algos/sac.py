@@ -9,7 +9,7 @@ What it implements
     most of the return on Hopper-v5 at 100k steps and nothing on Pendulum-v1. The actor
     follows CleanRL too (3e-4, two steps every second critic step, 1,000 random steps first).
     Tianshou's MuJoCo settings (actor at 1e-3 every step, 10,000 random steps) did better on
-    HalfCheetah-v5 and worse on Hopper, Walker2d and Ant-v5 at 100k steps (README), so they
+    HalfCheetah-v5 and worse on Hopper, Walker2d and Ant-v5 at 100k steps (docs/sampling.md), so they
     are a command line away, not the default.
   * Proportional prioritized experience replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb,
     with importance-sampling-weighted critic loss, and optional n-step returns.
@@ -37,7 +37,7 @@ Update equations (batch of B transitions i spanning k_i <= n steps; actions live
   cpprb's rule, the max over all N), beta annealed to 1. Each of the K minibatches of a fused
   call is its own stratified draw over the whole buffer (the PER paper's rule per minibatch;
   one K*B draw and a permutation would mix them too for less, but keeps one draw's strata; the
-  extra time runs on the prefetch thread: README, Sampling).
+  extra time runs on the prefetch thread: docs/sampling.md).
 
 Design choices
   * The log-probability is that of the action in [-1, 1]; the env's bounds are applied after,
@@ -166,7 +166,7 @@ class Args:
     """entropy temperature when --no-autotune"""
     alpha_init: float = 1.0
     """initial temperature with --autotune (CleanRL, sbx, softlearning and jaxrl start at 1; a
-    start at 0.2 fell far behind on Hopper-v5: README)"""
+    start at 0.2 fell far behind on Hopper-v5: docs/sampling.md)"""
     autotune: bool = True
     """learn the temperature to reach the target entropy"""
     target_entropy_scale: float = 1.0
@@ -180,7 +180,7 @@ class Args:
     """replay capacity, in transitions"""
     prioritized: bool = False
     """prioritized replay (off by default: no gain measured, level with uniform on Pendulum-v1 over
-    5 seeds and on HalfCheetah-v5 in 1 seed; see README); --no-prioritized samples uniformly through
+    5 seeds and on HalfCheetah-v5 in 1 seed; docs/benchmarks.md, Ablations); --no-prioritized samples uniformly through
     the same code (alpha = 0)"""
     per_alpha: float = 0.6
     """priority exponent alpha (0 is uniform)"""
@@ -190,7 +190,7 @@ class Args:
     """added to |TD| so that no transition has zero probability"""
     per_weight_norm: Literal["batch", "buffer"] = "batch"
     """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
-    whole buffer (cpprb's rule, which a single well-fitted transition can shrink; see README)"""
+    whole buffer (cpprb's rule, which a single well-fitted transition can shrink; docs/sampling.md)"""
     # Learner machinery
     updates_per_call: int = 32
     """SGD steps fused in one jitted call (lax.scan)"""
@@ -227,7 +227,7 @@ class Args:
     """W&B team or user for --track (None: wandb's default entity)"""
     resume: Optional[str] = None
     """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
-    here override it; a larger --total-timesteps re-stretches the schedules, see README)"""
+    here override it; a larger --total-timesteps re-stretches the schedules, docs/runs.md)"""
     eval_only: bool = False
     """evaluate the actor in --load and exit"""
     load: Optional[str] = None
@@ -1164,7 +1164,7 @@ def learner_shardings(args: Args) -> Shardings:
 
 def local_copy(tree):
     """One device's copy of a replicated state, without a transfer (a view of its buffers), for
-    acting: a policy call on the replicated arrays would run on every device (measured: README).
+    acting: a policy call on the replicated arrays would run on every device (measured: docs/multidevice.md).
     Take it again after each update: the update donates the state whose buffers it shares."""
     return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
 
@@ -1636,14 +1636,14 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
         path = os.path.join(path, f"{kind}.npz")
     if not os.path.isfile(path):
         old = path[: -len(".npz")] + ".pkl"
-        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; README, 'Old .pkl files')"
+        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; docs/reliability.md, 'Old .pkl files')"
         raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
     with open(path, "rb") as f:
         if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
             raise ConfigError(
                 f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
                 "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                "tools/convert_pkl.py (README, 'Old .pkl files')"
+                "tools/convert_pkl.py (docs/reliability.md, 'Old .pkl files')"
             )
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -1776,7 +1776,7 @@ class Logger:
         # tensorboard's own event format and record writer, written on this thread into a buffered
         # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
         # writer thread: at one event per episode, that thread's turns at the GIL cost about 12% of
-        # a CartPole run at CleanRL's settings (README, Speed).
+        # a CartPole run at CleanRL's settings (docs/benchmarks.md, Speed).
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
         self._file = open(os.path.join(run_dir, name), "wb")
         self._writer = RecordWriter(self._file)

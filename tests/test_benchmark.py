@@ -1,4 +1,4 @@
-"""benchmark.sh argument checks and benchmark_summary.py on tiny runs made here."""
+"""benchmark.sh argument checks and benchmark/benchmark_summary.py on tiny runs made here."""
 
 import csv
 import glob
@@ -15,11 +15,13 @@ from helpers import ROOT
 
 pytestmark = pytest.mark.xdist_group("ray")  # one local Ray at a time (pytest.ini)
 
-BENCH = os.path.join(ROOT, "benchmark.sh")
+BENCH = os.path.join(ROOT, "benchmark", "benchmark.sh")
 
 
 def load_summary():
-    spec = importlib.util.spec_from_file_location("benchmark_summary", os.path.join(ROOT, "benchmark_summary.py"))
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_summary", os.path.join(ROOT, "benchmark", "benchmark_summary.py")
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["benchmark_summary"] = module
     spec.loader.exec_module(module)
@@ -212,12 +214,12 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
 
 
 def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
-    """The two tools behind `./benchmark.sh apex`, on their small cases, and the summary's reading
+    """The two tools behind `./benchmark/benchmark.sh apex`, on their small cases, and the summary's reading
     of the files they write (in the apex suite's folder, beside a run)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     suite = tmp_path / "apex"
     suite.mkdir()
-    tools = os.path.join(ROOT, "tools")
+    tools = os.path.join(ROOT, "benchmark")
     for argv in (
         [
             "apex_replay_placement.py",
@@ -257,14 +259,14 @@ def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
 
 
 def test_sac_flops_counts_what_the_networks_compute(tmp_path):
-    """tools/sac_flops.py: XLA's FLOP count of the two gradients against the matmuls of the
+    """benchmark/sac_flops.py: XLA's FLOP count of the two gradients against the matmuls of the
     networks counted by hand (per sample, C and A the multiply-adds of one critic and of the actor
     forward: critic gradient = target twins on s' + actor on s' + online twins forward and backward
     = 8C + A; actor gradient = actor forward and backward + twins forward and back to the action =
     3A + 4C), and the report's arithmetic."""
     out_path = tmp_path / "sac_flops.json"
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "sac_flops.py"), "--repeats", "2", "--out", str(out_path)],
+        [sys.executable, os.path.join(ROOT, "benchmark", "sac_flops.py"), "--repeats", "2", "--out", str(out_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -283,13 +285,13 @@ def test_sac_flops_counts_what_the_networks_compute(tmp_path):
 
 
 def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
-    """tools/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
+    """benchmark/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
     it times add up with the rest of the loop to the loop's own time per env step, the worker
     threads' calls are reported beside them, and the loop is the speed comparison's DQN run
-    (tools/speed_vs_sbx.py's flags)."""
+    (benchmark/speed_vs_sbx.py's flags)."""
     out_path = tmp_path / "costs.json"
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
+        [sys.executable, os.path.join(ROOT, "benchmark", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
         + ["--loop-steps", "12000", "--out", str(out_path)],
         capture_output=True,
         text=True,

@@ -193,7 +193,7 @@ def test_sigkill_at_random_moments_then_resume_until_done(script, tmp_path):
 
 
 if __name__ == "__main__":
-    # The figure in README's Reliability section: python tests/test_kill.py ROUNDS
+    # The figure in docs/reliability.md: python tests/test_kill.py ROUNDS
     import json
     import pathlib
     import tempfile

@@ -6,7 +6,7 @@ import sys
 
 from helpers import ROOT
 
-PATHS = ["algos", "tests", "tools", "benchmark_summary.py"]
+PATHS = ["algos", "tests", "tools", "benchmark"]
 
 
 def ruff(*argv):

@@ -11,7 +11,7 @@ Measured in one process, one thing at a time, with XLA's default flags (sac.py s
   achieved: sac.make_update's fused call (K = --updates-per-call SGD steps, batch on the device),
             the median time per SGD step over repeated calls, and flops / time.
 
-    python tools/sac_flops.py [--env-id Pendulum-v1] [--eigen-single-thread] [--out FILE]
+    python benchmark/sac_flops.py [--env-id Pendulum-v1] [--eigen-single-thread] [--out FILE]
 """
 
 import argparse
@@ -27,9 +27,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 if "--eigen-single-thread" in sys.argv:  # before jax starts
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-from helpers import load_script  # noqa: E402
-
 from benchmark_summary import machine  # noqa: E402
+from helpers import load_script  # noqa: E402
 
 sac = load_script("sac")
 import jax  # noqa: E402

@@ -11,7 +11,7 @@ env steps/s, the learner keeps a replay ratio of R samples per env step up to N 
 actors; beyond that the ratio falls. R: CartPole, the default cap (B / --train-frequency = 64);
 Atari, Nature DQN's one update of 32 per 4 steps (R = 8).
 
-    python tools/apex_costs.py [--out results/apex_costs.json]
+    python benchmark/apex_costs.py [--out results/apex_costs.json]
 """
 
 import argparse
@@ -23,9 +23,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from helpers import load_script  # noqa: E402
-
 from benchmark_summary import machine  # noqa: E402
+from helpers import load_script  # noqa: E402
 
 apex = load_script("apex_dqn")
 import jax  # noqa: E402

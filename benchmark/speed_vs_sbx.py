@@ -1,7 +1,7 @@
 """Speed against a peer, side by side: the project's scripts and sbx (`sbx-rl`), run by
-`./benchmark.sh speed` one process at a time, alternating, on the same machine in one sitting.
+`./benchmark/benchmark.sh speed` one process at a time, alternating, on the same machine in one sitting.
 
-    python tools/speed_vs_sbx.py --sbx-python .venv-sbx/bin/python --pairs 3 --seeds 5 --out DIR
+    python benchmark/speed_vs_sbx.py --sbx-python .venv-sbx/bin/python --pairs 3 --seeds 5 --out DIR
 
 1. Identical settings (CleanRL's: DQN dqn_jax.py on CartPole-v1 for 200k steps, SAC
    sac_continuous_action.py on Pendulum-v1 for 15k steps; both sides uniform one-step replay,
@@ -170,7 +170,7 @@ def main():
                 if side == "ours":
                     cmd = [a.python, *cmds["ours"], *QUIET, "--seed", str(pair), "--run-dir", fresh(stem)]
                 else:
-                    cmd = [a.sbx_python, "tools/sbx_peer.py", *cmds["sbx"], "--seed", str(pair)]
+                    cmd = [a.sbx_python, "benchmark/sbx_peer.py", *cmds["sbx"], "--seed", str(pair)]
                 start, end = timed(cmd, stem + ".log")
                 peer = None if side == "ours" else peer_result(stem + ".log")
                 rate = read_throughput(stem)[1] if side == "ours" else peer["learning_env_steps_per_s"]
@@ -202,7 +202,14 @@ def main():
                     hit = first_solve_time(stem, spec["threshold"])
                     solved = None if hit is None else {"step": hit[0], "seconds": hit[1] - start}
                 else:
-                    cmd = [a.sbx_python, "tools/sbx_peer.py", *spec["sbx"], *common, "--solve", str(spec["threshold"])]
+                    cmd = [
+                        a.sbx_python,
+                        "benchmark/sbx_peer.py",
+                        *spec["sbx"],
+                        *common,
+                        "--solve",
+                        str(spec["threshold"]),
+                    ]
                     start, end = timed(cmd, stem + ".log")
                     hit = peer_result(stem + ".log")["solved"]
                     solved = None if hit is None else {"step": hit["step"], "seconds": hit["time"] - start}

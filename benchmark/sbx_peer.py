@@ -1,9 +1,9 @@
-"""The peer side of `./benchmark.sh speed`: one sbx (Stable Baselines Jax, the `sbx-rl` package)
+"""The peer side of `./benchmark/benchmark.sh speed`: one sbx (Stable Baselines Jax, the `sbx-rl` package)
 run of DQN or SAC, in sbx's own virtual environment (benchmark.sh builds it; sbx pins its own jax).
 
-    python tools/sbx_peer.py dqn --env-id CartPole-v1 --total-timesteps 200000 --settings cleanrl
-    python tools/sbx_peer.py sac --env-id Pendulum-v1 --total-timesteps 15000 --settings cleanrl
-    python tools/sbx_peer.py dqn --env-id CartPole-v1 --settings zoo --solve 475 --eval-every 10000
+    python benchmark/sbx_peer.py dqn --env-id CartPole-v1 --total-timesteps 200000 --settings cleanrl
+    python benchmark/sbx_peer.py sac --env-id Pendulum-v1 --total-timesteps 15000 --settings cleanrl
+    python benchmark/sbx_peer.py dqn --env-id CartPole-v1 --settings zoo --solve 475 --eval-every 10000
 
 --settings cleanrl: the settings the project's own speed runs use (CleanRL's dqn_jax.py and
 sac_continuous_action.py), so that the two implementations do the same work. --settings zoo: the
@@ -51,7 +51,7 @@ SETTINGS = {
         gradient_steps=1,
         # CleanRL's policy_frequency 2 (this project's too) takes 2 actor+alpha steps after every
         # 2nd critic step: one per critic step on average. sbx's policy_delay 2 would take one after
-        # every 2nd, half the actor's work (its FLOPs are 44% of the step's: tools/sac_flops.py).
+        # every 2nd, half the actor's work (its FLOPs are 44% of the step's: benchmark/sac_flops.py).
         # policy_delay 1 gives sbx the same work per env step.
         policy_delay=1,
         policy_kwargs=dict(net_arch=[256, 256]),

@@ -10,7 +10,7 @@ Save and restore: median of 3, wall clock (restores read from the page cache). A
 orbax.checkpoint in a fresh interpreter (less a bare `python -c pass`), how orbax answers a restore into a
 wrong abstract tree or from a damaged folder, and which threads it leaves running.
 
-    python tools/checkpoint_bench.py [--work /tmp/ckbench] [--out /tmp/ckbench/result.json]
+    python benchmark/checkpoint_bench.py [--work /tmp/ckbench] [--out /tmp/ckbench/result.json]
 """
 
 import argparse

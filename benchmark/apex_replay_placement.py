@@ -11,7 +11,7 @@ For the same replay class (apex_dqn.PrioritizedReplay), rows and call sizes, thi
 Median of --repeats calls after a warm-up, for CartPole's rows (K = 32, B = 128) and Atari's
 (84x84x4 uint8 stacks, K = 1, B = 512).
 
-    python tools/apex_replay_placement.py [--repeats 200] [--out results/apex_replay_placement.json]
+    python benchmark/apex_replay_placement.py [--repeats 200] [--out results/apex_replay_placement.json]
 """
 
 import argparse
@@ -25,9 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-from helpers import load_script  # noqa: E402
-
 from benchmark_summary import machine  # noqa: E402
+from helpers import load_script  # noqa: E402
 
 apex = load_script("apex_dqn")
 import numpy as np  # noqa: E402

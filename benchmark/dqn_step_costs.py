@@ -1,6 +1,6 @@
 """Where an env step's time goes in dqn_prioritized.py at CleanRL's DQN settings (issue 15).
 
-The settings are the speed comparison's (tools/speed_vs_sbx.py: CartPole-v1, 1 env, 120-84 MLP,
+The settings are the speed comparison's (benchmark/speed_vs_sbx.py: CartPole-v1, 1 env, 120-84 MLP,
 batch 128, one SGD step per 10 env steps, K = 32 SGD steps per jitted call, uniform one-step
 replay). Two measurements, one after the other in one sitting:
 
@@ -25,7 +25,7 @@ replay). Two measurements, one after the other in one sitting:
          rest of the loop: Python between the calls, episode bookkeeping and logging, the
          prefetch and priority threads' share of the cores.
 
-    python tools/dqn_step_costs.py [--repeats 5] [--loop-steps 200000] [--out FILE]
+    python benchmark/dqn_step_costs.py [--repeats 5] [--loop-steps 200000] [--out FILE]
 """
 
 import argparse
@@ -40,11 +40,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+from benchmark_summary import machine, read_throughput  # noqa: E402
 from helpers import load_script  # noqa: E402
 from speed_vs_sbx import QUIET, SAME  # noqa: E402
-
-from benchmark_summary import machine, read_throughput  # noqa: E402
 
 dqn = load_script("dqn_prioritized")
 import gymnasium as gym  # noqa: E402

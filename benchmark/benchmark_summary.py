@@ -20,7 +20,7 @@ env steps/s end to end (last logged step over the wall time of the event file, e
 included) and while learning (median over the log windows that did SGD updates), and the median
 SGD updates/s over those windows.
 
-    python benchmark_summary.py [--runs runs/bench] [--out results]
+    python benchmark/benchmark_summary.py [--runs runs/bench] [--out results]
 
 matplotlib is optional (pip install matplotlib): without it the tables are still written.
 """
@@ -497,13 +497,13 @@ def write_summary(root: str, out_dir: str) -> str:
     runs = discover(root)
     if not runs:
         raise SystemExit(
-            f"benchmark_summary.py: error: no runs under {root} (expected <suite>/<config>/<task>/seed<N>)"
+            f"benchmark/benchmark_summary.py: error: no runs under {root} (expected <suite>/<config>/<task>/seed<N>)"
         )
     os.makedirs(out_dir, exist_ok=True)
     lines = [
         "# Benchmark summary",
         "",
-        f"Made by `benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
+        f"Made by `benchmark/benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
         "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
         "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std.",
         "",
@@ -537,7 +537,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--out", default="results", help="where summary.md and the plots go")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.runs):
-        raise SystemExit(f"benchmark_summary.py: error: {args.runs} is not a directory")
+        raise SystemExit(f"benchmark/benchmark_summary.py: error: {args.runs} is not a directory")
     print(write_summary(args.runs, args.out))
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Reproducible benchmarks: multi-seed runs, then results/summary.md and results/*.png.
 #
-#   ./benchmark.sh [-j N] [--seeds N] [--force] [--runs DIR] [--out DIR] MODE
+#   ./benchmark/benchmark.sh [-j N] [--seeds N] [--force] [--runs DIR] [--out DIR] MODE
 #
 #   quick     minutes on a CPU: default flags of each script on its default task
 #             (DQN CartPole-v1, SAC Pendulum-v1, BC on the Pendulum and CartPole datasets); 3 seeds
-#   full      the README's table: DQN CartPole-v1, Acrobot-v1, MountainCar-v0, LunarLander-v3; SAC
+#   full      docs/benchmarks.md's table: DQN CartPole-v1, Acrobot-v1, MountainCar-v0, LunarLander-v3; SAC
 #             Pendulum-v1 and HalfCheetah/Hopper/Walker2d/Ant-v5 (100k steps, only --env-id set); BC on the three shipped datasets
 #             (expert Pendulum and CartPole, medium HalfCheetah); 5 seeds
 #   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
@@ -31,7 +31,7 @@
 #             (4 oversubscribes 2 cores) and the learner running free (the paper), the default
 #             run (2 actors, replay ratio capped as dqn_prioritized.py's) beside
 #             dqn_prioritized.py's default run; where the replay should live (in the learner or
-#             a Ray actor) and what one actor and one update cost (tools/apex_*.py); one at a
+#             a Ray actor) and what one actor and one update cost (benchmark/apex_*.py); one at a
 #             time; 3 seeds
 #   summary   only rebuild the summary from the runs already there
 #
@@ -45,7 +45,7 @@
 #
 # PYTHON chooses the interpreter (default: .venv/bin/python if present, else python3).
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."  # the repository root: the paths below start there
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
@@ -62,7 +62,7 @@ while (( $# )); do
     --runs) (( $# >= 2 )) || die "--runs needs a directory"; RUNS=$2; shift 2 ;;
     --out) (( $# >= 2 )) || die "--out needs a directory"; OUT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    -*) die "unknown option '$1' (see ./benchmark.sh --help)" ;;
+    -*) die "unknown option '$1' (see ./benchmark/benchmark.sh --help)" ;;
     *) [ -z "$MODE" ] || die "one mode at a time, got '$MODE' and '$1'"; MODE=$1; shift ;;
   esac
 done
@@ -120,7 +120,7 @@ case "$MODE" in
     ;;
   full)
     NSEEDS=${SEEDS:-5}
-    [ -f "$MEDIUM" ] || die "$MEDIUM is missing: make it with the command in README.md (Datasets)"
+    [ -f "$MEDIUM" ] || die "$MEDIUM is missing: make it with the command in docs/offline.md"
     seeds full dqn CartPole-v1 $DQN
     seeds full dqn Acrobot-v1 $DQN --env-id Acrobot-v1
     seeds full dqn MountainCar-v0 $DQN --env-id MountainCar-v0 --total-timesteps 500000 --eval-every 25000
@@ -215,15 +215,15 @@ print("BC pipeline efficiency %.3f (median of %s), updates/s %.0f through cpprb 
          result["updates_per_second_resident"]))
 PY
     # Side by side with sbx, in its own virtual environment (sbx pins its own jax; torch comes
-    # with stable-baselines3), one process at a time, alternating (tools/speed_vs_sbx.py).
+    # with stable-baselines3), one process at a time, alternating (benchmark/speed_vs_sbx.py).
     SBX_VENV=${SBX_VENV:-.venv-sbx}
     if [ ! -x "$SBX_VENV/bin/python" ]; then
       python3 -m venv "$SBX_VENV"
       "$SBX_VENV/bin/python" -m pip install --quiet "sbx-rl==0.28.0" "gymnasium[classic-control]>=1.1,<2"
     fi
-    "$PYTHON" tools/dqn_step_costs.py --out "$RUNS/speed/dqn-step-costs.json"
-    "$PYTHON" tools/sac_flops.py --out "$RUNS/speed/sac-flops.json"
-    "$PYTHON" tools/speed_vs_sbx.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
+    "$PYTHON" benchmark/dqn_step_costs.py --out "$RUNS/speed/dqn-step-costs.json"
+    "$PYTHON" benchmark/sac_flops.py --out "$RUNS/speed/sac-flops.json"
+    "$PYTHON" benchmark/speed_vs_sbx.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
       --out "$RUNS/speed/vs-sbx"
     mkdir -p "$OUT" && cp "$RUNS/speed/vs-sbx/speed_vs_sbx.md" "$OUT/speed_vs_sbx.md"
     cp "$RUNS/speed/dqn-step-costs.json" "$OUT/dqn_step_costs.json"
@@ -339,7 +339,7 @@ PY
       side="$RUNS/apex/${tool//_/-}.json"
       if [ -n "$FORCE" ] || [ ! -s "$side" ]; then
         echo "measure $tool"
-        "$PYTHON" "tools/apex_$tool.py" --out "$side"
+        "$PYTHON" "benchmark/apex_$tool.py" --out "$side"
       fi
     done
     for actors in 1 2 4; do
@@ -350,4 +350,4 @@ PY
     ;;
 esac
 wait
-"$PYTHON" benchmark_summary.py --runs "$RUNS" --out "$OUT"
+"$PYTHON" benchmark/benchmark_summary.py --runs "$RUNS" --out "$OUT"
