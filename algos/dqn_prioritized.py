@@ -89,7 +89,7 @@ class Args:
     """gymnasium id with Discrete actions: vectors get the MLP, images the Nature CNN, MinAtar its network"""
     preset: Optional[Literal["atari", "minatar"]] = None
     """start from the PER paper's Atari or the MinAtar paper's hyper-parameters; other flags still win"""
-    seed: int = 1
+    seed: Annotated[int, Field(ge=0, lt=2**31)] = 1
     """seed of the envs, the network and the exploration"""
     total_timesteps: Count = 100_000
     """environment steps, summed over the envs"""
@@ -748,7 +748,7 @@ def first_line(error: BaseException) -> str:
 def write_atomic(path: str, write) -> None:
     """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
     leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
             write(f)
@@ -758,7 +758,7 @@ def write_atomic(path: str, write) -> None:
     except OSError as e:
         raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone already: renamed into place, or never made
             os.remove(tmp)
 
 
@@ -789,7 +789,8 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
     require(os.path.isfile(path), f"no such file: {path}")
     with open(path, "rb") as f:
-        require(f.read(1) != b"\x80", f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)")
+        old = f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)"
+        require(f.read(1) != b"\x80", old)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
@@ -828,29 +829,34 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
 
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
-    its range, or one ConfigError naming the first bad flag; unknown names are ignored."""
+    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
     try:
-        return pydantic.TypeAdapter(Args).validate_json(json.dumps(saved))
+        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
         message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
         raise ConfigError(f"{where}: {message}" if where else message) from None
-
-
-def check_args(args: Args, packages: bool = True) -> Args:
-    """The checks of each flag and those between flags; packages=False skips the optional packages (for
-    flags read from a file: a saved --track or --capture-video asks for nothing until a run acts on it)."""
-    args = args_from_json(dataclasses.asdict(args))
-    require(0 <= args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
+    require(args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
     require(
         args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
     )
     require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
     require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
+    return args
+
+
+def json_value(value):
+    """numpy scalars and paths in Args built in Python: as JSON has them."""
+    return value.item() if isinstance(value, np.generic) else str(value)
+
+
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
+    args = args_from_json(dataclasses.asdict(args))
     for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
         try:
-            packages and getattr(args, flag) and __import__(package)
+            getattr(args, flag) and __import__(package)
         except ImportError:
             raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
     return args
@@ -1191,7 +1197,7 @@ def cli(argv=None) -> int:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
-        print(f"{SCRIPT}.py: error: {e or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
+        print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
     return 128 + result["signal"] if "signal" in result else 0
 

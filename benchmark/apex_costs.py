@@ -21,7 +21,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from benchmark_summary import machine  # noqa: E402
 from helpers import load_script  # noqa: E402

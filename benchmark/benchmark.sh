@@ -49,7 +49,7 @@ cd "$(dirname "$0")/.."  # the repository root: the paths below start there
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,/^# PYTHON/p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^# PYTHON/p' benchmark/benchmark.sh | sed 's/^# \{0,1\}//'; }  # after the cd
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
 JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""

@@ -26,7 +26,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from benchmark_summary import machine, read_throughput  # noqa: E402
 
 SAME = {

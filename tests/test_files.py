@@ -291,7 +291,7 @@ def test_dqn_hostile_values_in_args_json(runs, tmp_path, capsys):
     for i, (change, word) in enumerate(
         (
             ({"seed": 2**31 - 1}, "--seed must be in"),
-            ({"seed": -1}, "--seed must be in"),
+            ({"seed": -1}, "--seed should be greater than or equal to 0"),
             ({"hidden_sizes": [10**6]}, "--hidden-sizes should be less than or equal to 65536"),
             ({"hidden_sizes": []}, "at least 1 item"),
             ({"eval_episodes": 10**6}, "--eval-episodes should be less than or equal to 1024"),
