@@ -11,8 +11,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(autouse=True)
 def ray_tests_run_alone(request):
-    """Under pytest-xdist's two workers (pytest.ini) a Ray test (the xdist_group "ray") runs with no
-    other test beside it: a local Ray node must register within 30 s (ray/_private/node.py), which
+    """Under pytest-xdist's two workers (pytest.ini) a test marked ray (it starts a local Ray) runs with
+    no other test beside it: a local Ray node must register within 30 s (ray/_private/node.py), which
     a 2-core machine busy with another test's jax run missed. The Ray test holds a turnstile while
     it waits for the others' shared lock, so that the other worker cannot keep it out."""
     worker = getattr(request.config, "workerinput", None)
@@ -20,7 +20,7 @@ def ray_tests_run_alone(request):
         yield
         return
     base = os.path.join(tempfile.gettempdir(), f"pytest-ray-alone-{worker['testrunuid']}")
-    alone = request.node.get_closest_marker("xdist_group") is not None
+    alone = request.node.get_closest_marker("ray") is not None
     with open(base + ".turn", "a") as turn, open(base + ".lock", "a") as lock:
         fcntl.flock(turn, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)

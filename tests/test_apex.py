@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 from helpers import ROOT, import_in_fresh_process, load_script
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray at a time (pytest.ini)
-
 apex = load_script("apex_dqn")
 SCRIPT = os.path.join(ROOT, "algos", "apex_dqn.py")
 # The script binds its local Ray to the loopback address itself (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0,
@@ -267,6 +265,7 @@ def start_script(*flags):
     )
 
 
+@pytest.mark.ray
 def test_two_actors_solve_cartpole(tmp_path):
     """The default run with 2 actors solves CartPole-v1: an evaluation (10 episodes) reaches 475,
     the bar time-to-solve uses (benchmark/speed_vs_sbx.py), and the final policy is still far above a
@@ -299,6 +298,7 @@ def test_two_actors_solve_cartpole(tmp_path):
     assert float(row[7].replace(",", "")) == pytest.approx(medians["perf/replay_ratio"], abs=0.06)
 
 
+@pytest.mark.ray
 def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
     proc = start_script("--num-actors", "3", "--total-timesteps", "40000", "--run-dir", str(tmp_path))
     try:
@@ -324,6 +324,7 @@ def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
     assert [a["epsilon"] for a in actors] == pytest.approx([0.4, 0.4**4.5, 0.4**8])
 
 
+@pytest.mark.ray
 def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     """SIGTERM to the learner: a checkpoint and exit 143 (Ray's own SIGTERM handler, set when it
     starts, must not win); --resume then continues the learner and its replay to a larger budget."""
@@ -351,6 +352,7 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     assert steps == sorted(steps) and steps[-1] >= step + 6000
 
 
+@pytest.mark.ray
 def test_joins_a_running_ray(tmp_path):
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     port = "6391"
@@ -376,6 +378,7 @@ def test_joins_a_running_ray(tmp_path):
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, env=token_env, timeout=120)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(
     "flags,message",
     [

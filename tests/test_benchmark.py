@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray at a time (pytest.ini)
-
 BENCH = os.path.join(ROOT, "benchmark", "benchmark.sh")
 
 
@@ -213,6 +211,7 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     assert (out / "tiny_CartPole-v1.png").stat().st_size > 0 and "(tiny_CartPole-v1.png)" in text
 
 
+@pytest.mark.ray
 def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
     """The two tools behind `./benchmark/benchmark.sh apex`, on their small cases, and the summary's reading
     of the files they write (in the apex suite's folder, beside a run)."""
