@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from helpers import ROOT, import_in_fresh_process, load_script
 
+pytestmark = pytest.mark.xdist_group("ray")  # one worker runs this file, its Ray tests in a row
+
 apex = load_script("apex_dqn")
 SCRIPT = os.path.join(ROOT, "algos", "apex_dqn.py")
 # The script binds its local Ray to the loopback address itself (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0,

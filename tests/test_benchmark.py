@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
+pytestmark = pytest.mark.xdist_group("ray")  # one worker runs this file, its Ray tests in a row
+
 BENCH = os.path.join(ROOT, "benchmark", "benchmark.sh")
 
 
