@@ -241,3 +241,31 @@ def test_evaluation_tool_bad_input_is_one_clear_line(argv, message):
     err = out.stderr.strip()
     assert out.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert message in err
+
+
+def test_flags_from_a_file_get_the_checks_between_flags_too():
+    """args_from_json is what the tools use on a model's flags (tools/dqn_evaluate.py): a seed the
+    envs' int32 seeds cannot take, or a batch larger than the replay, is one ConfigError there too,
+    not a traceback later (before: only train()'s own check refused them)."""
+    for change, word in (({"seed": 10**30}, "--seed"), ({"batch_size": 512, "buffer_size": 256}, "exceeds")):
+        with pytest.raises(dqn.ConfigError, match=word):
+            dqn.args_from_json({**dqn.dataclasses.asdict(dqn.Args()), **change}, "model.npz")
+
+
+def test_args_built_in_python_may_hold_numpy_scalars_and_paths(tmp_path):
+    """train(Args(...), env_fn) is the documented way in: values a researcher computes with numpy,
+    or a pathlib run folder, pass the checks as the Python numbers and strings they stand for."""
+    args = dqn.Args(learning_rate=np.float32(5e-4), total_timesteps=np.int64(2000), run_dir=tmp_path / "run")
+    checked = dqn.check_args(args)
+    assert checked.learning_rate == pytest.approx(5e-4) and checked.total_timesteps == 2000
+    assert checked.run_dir == str(tmp_path / "run")
+
+
+def test_out_of_memory_is_one_line_that_says_so(monkeypatch, capsys):
+    def no_memory(args):
+        raise MemoryError()
+
+    monkeypatch.setattr(dqn, "train", no_memory)
+    assert dqn.cli([]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "out of memory" in err and len(err.splitlines()) == 1
