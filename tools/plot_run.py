@@ -1,17 +1,25 @@
 """Plot a run: RUN_DIR/curve.png with the evaluation returns (eval.csv: mean and a band of one std) beside
-the training episodes' returns read back from the run's tensorboard events.
+the training episodes' returns (bc_offline.py's runs: the training loss) read back from the run's
+tensorboard events.
 
     python tools/plot_run.py runs/<run>
 """
 
 import csv
+import json
 import os
 import sys
 
 import numpy as np
 
 
-def write_curve(run_dir: str, tag: str = "charts/episodic_return") -> str:
+def write_curve(run_dir: str) -> str:
+    try:
+        with open(os.path.join(run_dir, "args.json"), "rb") as f:
+            offline = json.loads(f.read()).get("script") == "bc_offline"
+    except (OSError, ValueError, AttributeError):
+        offline = False
+    tag, x = ("losses/bc_loss", "SGD updates") if offline else ("charts/episodic_return", "env steps")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -30,10 +38,10 @@ def write_curve(run_dir: str, tag: str = "charts/episodic_return") -> str:
         steps, mean, std = (np.array(column) for column in zip(*rows))
         left.plot(steps, mean, marker="o")
         left.fill_between(steps, mean - std, mean + std, alpha=0.25)
-    left.set(title="evaluation return (mean, band of one std)", xlabel="env steps", ylabel="return")
+    left.set(title="evaluation return (mean, band of one std)", xlabel=x, ylabel="return")
     if train:
         right.plot(*zip(*sorted(train)), linewidth=0.8)
-    right.set(title=f"training episodes ({tag})", xlabel="env steps")
+    right.set(title=f"training ({tag})", xlabel=x)
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
     path = os.path.join(run_dir, "curve.png")
     tmp = f"{path}.tmp.{os.getpid()}"
