@@ -71,7 +71,7 @@ import tyro
 from pydantic import Field
 
 SCRIPT = "bc_offline"
-FORMAT = f"{SCRIPT}/3"  # of checkpoint.npz and model.npz
+FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 ACTION_EDGE = 1.0 - 1e-5  # dataset actions at the bounds would have atanh = inf
 SHIPPED = os.path.join("data", "pendulum-sac-expert.hdf5")
@@ -623,12 +623,13 @@ def load_training_data(args: Args) -> TrainingData:
         if discrete:
             integers = acts.ndim == 1 and np.issubdtype(acts.dtype, np.integer)
             require(
-                integers, f"{path}: the env has discrete actions, the dataset {acts.dtype} of shape {acts.shape[1:]}"
+                integers, f"{path}: {acts.dtype} actions of shape {acts.shape[1:]} do not match the env's discrete ones"
             )
             require(0 <= acts.min() and acts.max() < space.n, f"{path}: actions outside 0..{space.n - 1}")
         else:
             require(
-                acts.shape[1:] == space.shape, f"{path}: actions of shape {acts.shape[1:]}, the env's {space.shape}"
+                acts.shape[1:] == space.shape,
+                f"{path}: actions of shape {acts.shape[1:]} do not match the env's {space.shape}",
             )
             slack = 1e-4 * (space.high - space.low)
             inside = np.all((acts >= space.low - slack) & (acts <= space.high + slack))
@@ -817,7 +818,8 @@ def load_model(path: str):
     saved = args_from_json(meta.get("args"), path)
     env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
     scores = all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))
-    ok = isinstance(env_id, str) and ":" not in env_id and mode in ("discrete", "mse", "nll") and scores
+    require(":" not in str(env_id), f"{path}: env id {env_id!r} names a module to import; not taken from a file")
+    ok = isinstance(env_id, str) and mode in ("discrete", "mse", "nll") and scores
     require(
         ok and type(out_dim) is int and 0 < out_dim <= 65_536, f"{path}: meta.json's env_id, mode, out_dim or scores"
     )
@@ -1099,8 +1101,8 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset,
     meta, arrays = load_npz(path, "checkpoint")
     require(meta.get("digest") == digest, f"--resume {run_dir}: the dataset differs from the one this run trained on")
     state = restore_tree(state, arrays, "train_state/", path)
-    step = meta.get("global_step")
-    require(type(step) is int and step == int(state.sgd_steps), f"{path}: bad counters in meta.json")
+    step = int(state.sgd_steps)
+    require(0 <= step < 2**31, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path)
     was = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
     note = (
@@ -1140,6 +1142,7 @@ def parse_args(argv=None) -> Args:
     )
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
     local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
+    local["dataset"] = typed.dataset or args.dataset  # typed files replace the run's (tyro would append)
     return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
 
 

@@ -53,7 +53,7 @@ def run(script, run_dir, budget, **flags):
     mod = MODULES[script]
     unit = "total_updates" if script == "bc_offline" else "total_timesteps"
     flags = {**SMALL[script], unit: budget, "run_dir": str(run_dir), **flags}
-    if script == "dqn_prioritized":  # no main(): train(parse_args(...)), which also does --resume
+    if script in ("dqn_prioritized", "bc_offline"):  # no main(): train(parse_args(...)), which also does --resume
         resume = flags.pop("resume", None)
         return mod.train(mod.parse_args((["--resume", resume] if resume else []) + as_argv(flags)))
     return mod.main(mod.Args(**flags), frozenset(flags))
@@ -132,13 +132,14 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
 @pytest.mark.parametrize("script", list(MODULES))
 def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, tmp_path):
     """A fresh run (no --resume) in a folder that holds another run's kept checkpoints starts
-    clean: its own kept files only, each of its own step; and each kept file evaluates. DQN
-    refuses such a folder instead (issue 26): nothing of the earlier run is touched."""
+    clean: its own kept files only, each of its own step; and each kept file evaluates. DQN and BC
+    refuse such a folder instead (issues 26, 27): nothing of the earlier run is touched, and each
+    kept file evaluates with the script's tool."""
     every = 50 if script == "bc_offline" else 100
     run(script, tmp_path, 6 * every, checkpoint_every=every, keep_checkpoints=3)
     assert kept(tmp_path) == [4 * every, 5 * every]
-    if script == "dqn_prioritized":
-        dqn = MODULES[script]
+    if script in ("dqn_prioritized", "bc_offline"):
+        dqn, tool = MODULES[script], "dqn_evaluate.py" if script == "dqn_prioritized" else "bc_evaluate.py"
         before = {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)}
         with pytest.raises(dqn.ConfigError, match="is not empty"):
             run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
@@ -148,7 +149,7 @@ def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, 
             out = subprocess.run(
                 [
                     sys.executable,
-                    os.path.join(ROOT, "tools", "dqn_evaluate.py"),
+                    os.path.join(ROOT, "tools", tool),
                     str(tmp_path / f"checkpoint-{step}.npz"),
                 ]
                 + ["--episodes", "1"],

@@ -1,6 +1,7 @@
 """What CleanRL users reach for: --capture-video, --track (Weights & Biases), the progress line
-and curve.png, in all three scripts. (dqn_prioritized.py leaves curve.png to tools/plot_run.py,
-an evaluation of a saved model to tools/dqn_evaluate.py, and draws its progress bar with tqdm.)"""
+and curve.png, in all three scripts. (dqn_prioritized.py and bc_offline.py leave curve.png to
+tools/plot_run.py, an evaluation of a saved model to tools/dqn_evaluate.py and bc_evaluate.py, and
+draw their progress bar with tqdm.)"""
 
 import csv
 import functools
@@ -159,7 +160,7 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     run_dir = str(tmp_path / "run")
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
-    if name == "dqn":  # tqdm writes to stderr, and asks its isatty() when the bar is made
+    if name in ("dqn", "bc"):  # tqdm writes to stderr, and asks its isatty() when the bar is made
         monkeypatch.setattr(sys, "stderr", terminal)  # one terminal shows both streams
     assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
     monkeypatch.undo()
@@ -170,13 +171,17 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
         frames = video_frames(os.path.join(run_dir, "videos", video))
         assert len(frames) > 10 and frames[0].shape == render_size
     out = terminal.getvalue()
-    if name == "dqn":
+    if name in ("dqn", "bc"):
         # tqdm's bar rewrites itself in place: steps done of the total, and the plain line's
         # fields as its postfix; the plain line itself is not printed on a terminal.
-        bars = list(re.finditer(r"\r *(\d+)%\|[^|\r\n]*\| (\d+)/2000 \[([^\]\r\n]*)\]", out))
-        assert len(bars) > 1 and bars[-1].group(1, 2) == ("100", "2000"), out
-        assert re.search(r", SPS +\d+  loss \S+  episodes \d+  eval \S+$", bars[-1].group(3)), out
-        assert not re.search(r"^step +\d+", out, re.M), out
+        total, unit = ("2000", "step") if name == "dqn" else ("200", "update")
+        bars = list(re.finditer(r"\r *(\d+)%\|[^|\r\n]*\| (\d+)/" + total + r" \[([^\]\r\n]*)\]", out))
+        assert len(bars) > 1 and bars[-1].group(1, 2) == ("100", total), out
+        fields = (
+            r", SPS +\d+  loss \S+  episodes \d+  eval \S+$" if name == "dqn" else r", updates/s +\d+  loss \S+  eval "
+        )
+        assert re.search(fields, bars[-1].group(3)), out
+        assert not re.search(f"^{unit} +\\d+", out, re.M), out
         # The bar is ended (its last draw closed by a newline) before the final message, which
         # starts a line of its own, and is not drawn again under it.
         final_at = out.index(final)
@@ -222,9 +227,9 @@ def test_plain_log_without_matplotlib_no_curve_and_an_evaluation_filmed_by_the_t
     assert len(frames) > 10 and frames[0].shape == (400, 600, 3)
 
 
-@pytest.mark.parametrize("name", ["sac", "bc"])
+@pytest.mark.parametrize("name", ["sac"])
 def test_curve_without_matplotlib_is_skipped_quietly(name, tmp_path, monkeypatch, capsys):
-    """SAC's and BC's runs write their own curve.png (dqn_prioritized.py: tools/plot_run.py);
+    """SAC's runs write their own curve.png (dqn_prioritized.py, bc_offline.py: tools/plot_run.py);
     without matplotlib, an optional package, the call the run makes returns None and says nothing."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     module = RUNS[name][0]
@@ -377,10 +382,11 @@ def run_on_a_full_disk(tmp_path, monkeypatch, module):
     return run_dir
 
 
-@pytest.mark.parametrize("name", ["sac", "bc"])
+@pytest.mark.parametrize("name", ["sac"])
 def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
     """curve.png goes through the script's write_atomic: a failed write says so in one line and
-    the finished run is not failed by it. (dqn_prioritized.py writes no curve.png: the next test.)"""
+    the finished run is not failed by it. (dqn_prioritized.py and bc_offline.py write no curve.png:
+    the next test.)"""
     module = RUNS[name][0]
     run_dir = run_on_a_full_disk(tmp_path, monkeypatch, module)
     assert module.write_curve(str(run_dir)) is None

@@ -17,7 +17,7 @@ from helpers import ROOT, load_script
 
 dqn, sac, bc = (load_script(n) for n in ("dqn_prioritized", "sac", "bc_offline"))
 MODULES = {"dqn": dqn, "sac": sac, "bc": bc}
-EVALUATE = os.path.join(ROOT, "tools", "dqn_evaluate.py")  # DQN's --eval-only --load
+TOOLS = {"dqn": os.path.join(ROOT, "tools", "dqn_evaluate.py"), "bc": os.path.join(ROOT, "tools", "bc_evaluate.py")}
 # DQN's and SAC's small run
 ONLINE = (
     "--hidden-sizes 16 --learning-starts 100 --batch-size 16 --buffer-size 1000 "
@@ -97,9 +97,9 @@ def refused(module, argv, capsys, *words):
     return err
 
 
-def evaluation_refused(path, *words):
-    """tools/dqn_evaluate.py FILE, in a process of its own: exit 2 and one line."""
-    out = subprocess.run([sys.executable, EVALUATE, str(path)], capture_output=True, text=True, timeout=300)
+def evaluation_refused(script, path, *words):
+    """tools/dqn_evaluate.py (bc_evaluate.py) FILE, in a process of its own: exit 2 and one line."""
+    out = subprocess.run([sys.executable, TOOLS[script], str(path)], capture_output=True, text=True, timeout=300)
     err = out.stderr.strip()
     assert out.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (out.returncode, err)
     for word in words:
@@ -108,9 +108,9 @@ def evaluation_refused(path, *words):
 
 
 def saver(module):
-    """(the writer of .npz files, the format tag): DQN's are save_npz and FORMAT."""
-    if module is dqn:
-        return dqn.save_npz, dqn.FORMAT
+    """(the writer of .npz files, the format tag): DQN's and BC's are save_npz and FORMAT."""
+    if module in (dqn, bc):
+        return module.save_npz, module.FORMAT
     return module.save_npz_atomic, module.CHECKPOINT_FORMAT
 
 
@@ -237,8 +237,8 @@ HOSTILE = {
 @pytest.mark.parametrize("hostile", list(HOSTILE))
 @pytest.mark.parametrize("script", list(MODULES))
 def test_hostile_file_is_refused_in_one_line_and_runs_no_code(script, hostile, kind, runs, tmp_path, capsys):
-    # DQN's evaluation tool reads a checkpoint's own flags: those are tested through it.
-    by_tool = script == "dqn" and (kind == "model" or hostile in ("flag-type", "env-module"))
+    # DQN's and BC's evaluation tools read a checkpoint's own flags: those are tested through them.
+    by_tool = script in TOOLS and (kind == "model" or hostile in ("flag-type", "env-module"))
     if kind == "checkpoint" and hostile in ("flag-type", "env-module") and not by_tool:
         pytest.skip("--resume takes the flags from args.json: test_hostile_args_json")
     module, make = MODULES[script], HOSTILE[hostile][0]
@@ -247,7 +247,7 @@ def test_hostile_file_is_refused_in_one_line_and_runs_no_code(script, hostile, k
     target = os.path.join(run_dir, f"{kind}.npz")
     make(target, read(target), marker)
     if by_tool:
-        evaluation_refused(target, HOSTILE[hostile][1])
+        evaluation_refused(script, target, HOSTILE[hostile][1])
         assert not marker.exists(), "loading the file ran code"
         return
     if kind == "model":
@@ -275,7 +275,7 @@ def test_hostile_args_json(script, runs, tmp_path, capsys):
     ):
         if script == "bc" and "gamma" in text:
             continue  # BC has no discount
-        if script == "dqn" and word == "not made by":
+        if script in TOOLS and word == "not made by":
             word = "not a run of"  # DQN's wording
         run_dir = copy_run(runs[script], tmp_path / f"run{i}")
         with open(os.path.join(run_dir, "args.json"), "w") as f:
@@ -311,8 +311,8 @@ def test_old_pkl_file_is_refused_with_how_to_convert(script, runs, tmp_path, cap
     marker = tmp_path / "code-ran"
     with open(path, "wb") as f:
         pickle.dump({"format": f"{MODULES[script].SCRIPT}/1", "evil": Evil(marker)}, f)
-    if script == "dqn":
-        evaluation_refused(path, "earlier version", "Old .pkl files")
+    if script in TOOLS:
+        evaluation_refused(script, path, "earlier version", "Old .pkl files")
     else:
         refused(MODULES[script], ["--eval-only", "--load", str(path)], capsys, "earlier version", "Old .pkl files")
     assert not marker.exists()
@@ -400,7 +400,7 @@ def test_bc_model_for_another_env_is_refused(runs, tmp_path, capsys):
     meta = meta_of(arrays)
     meta["env_id"] = "CartPole-v1"  # a continuous-action policy over 3 features
     write(target, {k: v for k, v in arrays.items() if k != "meta.json"}, meta)
-    refused(bc, ["--eval-only", "--load", target], capsys, "CartPole-v1 has observations")
+    evaluation_refused("bc", target, "CartPole-v1 has observations")
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -521,9 +521,9 @@ def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, c
     for name, value in arrays.items():
         np.testing.assert_array_equal(converted[name], value)
     capsys.readouterr()
-    if script == "dqn":
+    if script in TOOLS:
         out = subprocess.run(
-            [sys.executable, EVALUATE, str(tmp_path / "model.npz"), "--episodes", "1"],
+            [sys.executable, TOOLS[script], str(tmp_path / "model.npz"), "--episodes", "1"],
             capture_output=True,
             text=True,
             timeout=300,
@@ -558,8 +558,8 @@ def test_run_folder_of_an_earlier_version_says_so(script, runs, tmp_path, capsys
     run_dir = copy_run(runs[script], tmp_path / "run")
     os.rename(os.path.join(run_dir, "checkpoint.npz"), os.path.join(run_dir, "checkpoint.pkl"))
     flag = "--total-updates" if script == "bc" else "--total-timesteps"
-    # DQN names the missing file only: it gives no hint about .pkl files beside it (issue 26)
-    words = ("no such file", "checkpoint.npz") if script == "dqn" else ("no such file", "Old .pkl files")
+    # DQN and BC name the missing file only: no hint about .pkl files beside it (issues 26, 27)
+    words = ("no such file", "checkpoint.npz") if script in TOOLS else ("no such file", "Old .pkl files")
     refused(MODULES[script], ["--resume", run_dir, flag, "400"], capsys, *words)
 
 

@@ -27,8 +27,8 @@ def fake_run(tmp_path, module, **flags):
 
 
 def resumed(module, argv):
-    if module is dqn:  # parse_args does --resume itself: the run's flags as defaults, typed ones win
-        return dqn.parse_args(argv)
+    if module in (dqn, bc):  # parse_args does --resume itself: the run's flags as defaults, typed ones win
+        return module.parse_args(argv)
     return module.resolve_args(module.tyro.cli(module.Args, args=argv), module.given_flags(argv))
 
 
@@ -120,7 +120,7 @@ def test_bc_runs_every_update_asked_for(tmp_path):
     ]
     for total in (7, 23):
         run_dir = str(tmp_path / f"run{total}")
-        result = bc.main(bc.tyro.cli(bc.Args, args=fast + ["--total-updates", str(total), "--run-dir", run_dir]))
+        result = bc.train(bc.parse_args(fast + ["--total-updates", str(total), "--run-dir", run_dir]))
         assert result["updates"] == total
         assert int(bc.load_npz(run_dir, "checkpoint")[1]["train_state/sgd_steps"]) == total
 

@@ -75,9 +75,9 @@ def convert(path: str) -> str:
     if len(saved) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(saved, leaves)):
         raise SystemExit(f"{path}: its parameters do not fit the network {script}.py builds for its flags")
     params = jax.tree_util.tree_unflatten(treedef, saved)
-    if script == "dqn_prioritized":  # its flags as the script writes them (an old file's removed ones dropped)
+    if script != "sac":  # its flags as the script writes them (an old file's removed ones dropped)
         flags = json.loads(json.dumps(m.dataclasses.asdict(args)))
-    fmt = m.FORMAT if script == "dqn_prioritized" else m.CHECKPOINT_FORMAT
+    fmt = m.CHECKPOINT_FORMAT if script == "sac" else m.FORMAT
     meta = {"format": fmt, "script": m.SCRIPT, "kind": "model", "args": flags}
     if script == "bc_offline":
         meta.update({k: old.get(k) for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")})
@@ -85,7 +85,7 @@ def convert(path: str) -> str:
         for k in ("ref_min", "ref_max"):
             meta[k] = None if meta[k] is None else float(meta[k])
     out = os.path.splitext(path)[0] + ".npz"
-    save = m.save_npz if script == "dqn_prioritized" else m.save_npz_atomic
+    save = m.save_npz_atomic if script == "sac" else m.save_npz
     save(out, meta, {**m.tree_arrays("params/", params), **extra})
     return out
 
