@@ -173,7 +173,7 @@ case "$MODE" in
     "$PYTHON" - "$RUNS/speed/bc-pipeline.json" "$NSEEDS" <<'PY'
 # BC pipeline efficiency: SGD updates/s through the whole input path (cpprb sample, prefetch
 # thread, device_put) over updates/s of the same jitted update on batches already on the device.
-import importlib.util, json, os, statistics, sys, time
+import collections, concurrent.futures, importlib.util, json, os, statistics, sys, time
 import jax
 spec = importlib.util.spec_from_file_location("bc_offline", "algos/bc_offline.py")
 bc = importlib.util.module_from_spec(spec); sys.modules["bc_offline"] = bc; spec.loader.exec_module(bc)
@@ -188,7 +188,7 @@ update = bc.make_update(policy, mode, optimizer, stats, bc.learner_shardings(arg
 replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)
 K, B, CALLS = args.updates_per_call, args.batch_size, 100
 def sample():
-    return bc.sample_batches(replay, B, K)
+    return bc.sample_batches(replay, args, None)
 def timed(get):
     global state
     start = time.perf_counter()
@@ -201,9 +201,12 @@ timed(lambda i: resident[i])  # compile
 ratios, ups_resident, ups_pipeline = [], [], []
 for _ in range(int(sys.argv[2])):
     a = timed(lambda i: resident[i])
-    prefetcher = bc.Prefetcher(sample, args.prefetch_size)
-    b = timed(lambda i: prefetcher.get())
-    prefetcher.close()
+    with concurrent.futures.ThreadPoolExecutor(1) as sampler:  # as train() prefetches
+        ahead = collections.deque(sampler.submit(sample) for _ in range(args.prefetch_size))
+        def prefetched(i):
+            ahead.append(sampler.submit(sample))
+            return ahead.popleft().result()
+        b = timed(prefetched)
     ups_resident.append(a); ups_pipeline.append(b); ratios.append(b / a)
 result = {"dataset": os.path.relpath(bc.DEFAULT_DATASET), "updates_per_call": K, "batch_size": B,
           "updates_per_second_resident": statistics.median(ups_resident),

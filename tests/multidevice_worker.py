@@ -78,9 +78,9 @@ def learner(mod, name: str, num_devices: int):
 
 
 def sample_batches(mod, name: str, replay, sharding=None):
-    """One call's batches as the prefetch thread makes them (dqn_prioritized.py reads B and K
-    from its Args)."""
-    if name == "dqn_prioritized":
+    """One call's batches as the prefetch thread makes them (dqn_prioritized.py and bc_offline.py
+    read B and K from their Args)."""
+    if name in ("dqn_prioritized", "bc_offline"):
         return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
     return mod.sample_batches(replay, B, K, sharding)
 
@@ -89,7 +89,7 @@ def command_line(flags: dict) -> list:
     """The flags as typed on a command line: --name value, a tuple as its values."""
     argv = []
     for name, value in flags.items():
-        argv += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, tuple) else (value,))]
+        argv += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, (tuple, list)) else (value,))]
     return argv
 
 
@@ -165,7 +165,7 @@ def run_mode(name: str, folder: str) -> dict:
         flags = {**base, budgets[0]: budget, "num_devices": devices}
         if results:
             flags["resume"] = run_dir
-        if name == "dqn_prioritized":  # all typed, as on a command line
+        if name in ("dqn_prioritized", "bc_offline"):  # all typed, as on a command line
             result = mod.train(mod.parse_args(command_line(flags)))
         else:
             result = mod.main(mod.Args(**flags), frozenset(flags))  # all typed, as on a command line
