@@ -21,9 +21,10 @@ normalised by the dataset's mean and std (saved with the model):
   (argmax, tanh(f(s)), tanh(mu(s))); normalised score = 100 (R - ref_min) / (ref_max - ref_min).
 
 Datasets (--dataset, repeatable: the union): D4RL's flat HDF5 (observations, actions, rewards,
-terminals, timeouts, metadata/), a Minari folder as minari's DataCollector writes it (hdf5 storage,
-flat Box or Discrete spaces), or .npz with D4RL's keys. Trajectories end at terminals, timeouts and
-each file's or episode's end. data/ ships three small files (docs/offline.md).
+terminals, timeouts, metadata/), a Minari folder as minari's DataCollector writes it (hdf5 storage;
+Box, Discrete, MultiBinary or MultiDiscrete observations, Box or Discrete actions), or .npz with
+D4RL's keys. Trajectories end at terminals, timeouts and each file's or episode's end. data/ ships
+three small files (docs/offline.md).
 
 Run
   python algos/bc_offline.py                                  # data/pendulum-sac-expert.hdf5
@@ -54,6 +55,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Annotated, Any, List, Literal, NamedTuple, Optional, Tuple
 
@@ -212,10 +214,11 @@ class PrioritizedDataset:
         """(K minibatches of B rows flat with IS 'weights', row indexes)."""
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
         # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
+        beta = self.beta  # once: the K minibatches of a call share one beta
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=self.beta)  # cpprb reuses its arrays: copy them
+                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays: copy them
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
         batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
@@ -234,9 +237,14 @@ class PrioritizedDataset:
             self.buffer.update_priorities(indexes, priorities)
             self.priority[indexes] = priorities
 
+    def max_priority(self) -> float:
+        with self.lock:
+            return self.buffer.get_max_priority()
+
     def state_dict(self) -> dict:
         with self.lock:
-            return {"priority": self.priority.copy(), "max_priority": np.asarray(self.buffer.get_max_priority())}
+            top = np.asarray(self.buffer.get_max_priority(), np.float64)
+            return {"priority": self.priority.copy(), "max_priority": top}
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
         priority = checked_array(arrays, "priority", self.priority.shape, np.float64, path)
@@ -472,7 +480,7 @@ def minari_episode(ep, where: str):
     require(not missing, f"{where} is missing {', '.join(missing)}")
     for key in MINARI_KEYS:
         dict_space = "an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
-        require(not isinstance(ep[key], h5py.Group), f"{where}: {key} are {dict_space}")
+        require(key in MINARI_KEYS[2:] or not isinstance(ep[key], h5py.Group), f"{where}: {key} are {dict_space}")
         require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is not an array")
         kind = ep[key].dtype.kind  # checked before reading: JPEG images and text are byte strings
         require(
@@ -655,8 +663,9 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     prefix) sub-env 0 films its first episode."""
     wrappers, kwargs = [], {}
     if video is not None:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
+            os.environ.setdefault("MUJOCO_GL", "egl")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         kwargs["render_mode"] = "rgb_array"
         filmed = []  # make_vec builds sub-env 0 first: film its first episode only
 
@@ -664,7 +673,9 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
             filmed.append(env)
             if len(filmed) > 1:
                 return env
-            return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
 
         wrappers.append(film)
     autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
@@ -902,7 +913,8 @@ class Logger:
         if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
             with open(self.csv, errors="replace") as f:  # the folder's file: maybe not even text
                 steps = [(r, r.split(",")[0]) for r in f]
-            rows += [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
@@ -974,7 +986,8 @@ def write_priorities(replay: PrioritizedDataset, prioritized: bool, indexes, pri
 
 
 def train(args: Args) -> dict:
-    """Train on --dataset, evaluating in the dataset's env (or --env-id). Returns a summary dict."""
+    """Train on --dataset with Args as parse_args gives them (with --resume: the run's flags, merged
+    there), evaluating in the dataset's env (or --env-id). Returns a summary dict."""
     if not args.dataset:  # the shipped file, found beside this script in the repo
         where = f"no --dataset given, and {SHIPPED} is not beside this script"
         require(os.path.isfile(DEFAULT_DATASET), f"{where}: give --dataset PATH (D4RL .hdf5, Minari folder, .npz)")
@@ -993,9 +1006,9 @@ def train(args: Args) -> dict:
     update, act = make_update(policy, data.mode, optimizer, stats, shardings), make_act(policy, data.mode)
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        run_dir = open_run_dir(args, data.env_id)
+        run_dir, redo, missed = open_run_dir(args, data.env_id), False, False
         if args.resume:
-            state = load_checkpoint(run_dir, state, replay, data.digest, args.total_updates)
+            state, redo = load_checkpoint(run_dir, state, replay, data.digest, args.total_updates)
         state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         step = int(state.sgd_steps)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
@@ -1023,20 +1036,23 @@ def train(args: Args) -> dict:
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the dataset
             arrays = {**tree_arrays("train_state/", state), **stats_arrays, **replay.state_dict()}
-            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest}
+            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": missed}
             save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
             saved_step, saved_time = step, time.monotonic()
 
         def evaluation(prefix: str):
-            nonlocal last_eval
+            nonlocal last_eval, missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
             returns = evaluate(act, act_params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
                 logger.eval(step, returns, score, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
                 last_eval = f"{returns.mean():.1f} (score {score:.1f})"
+            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
+        if redo:  # the evaluation a signal cut short
+            evaluation("eval")
         while step < args.total_updates and not stopped:
             # LEARN: K SGD steps per call on minibatches the prefetch thread samples (by loss with
             # --prioritized, IS-weighted); the priorities go back on the writer thread.
@@ -1061,7 +1077,7 @@ def train(args: Args) -> dict:
                 last, tick = tick, dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
                 rate = (step - last["step"]) / (tick["time"] - last["time"])
                 scalars = {"perf/updates_per_second": rate, "perf/learner_wait_fraction": last["wait"] / last["learn"]}
-                scalars.update({"replay/beta": replay.beta, "replay/priority_max": replay.buffer.get_max_priority()})
+                scalars.update({"replay/beta": replay.beta, "replay/priority_max": replay.max_priority()})
                 logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
                 logger.file.flush()
                 line = f"updates/s {rate:7.0f}  loss {float(metrics['losses/bc_loss']):.4f}  eval {last_eval}"
@@ -1109,7 +1125,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset,
         f"; the lr and beta schedules now run to --total-updates {total}, not {was}" if was not in (None, total) else ""
     )
     print(f"resumed {run_dir} at update {step}{note}")
-    return state
+    return state, meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):

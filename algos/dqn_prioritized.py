@@ -51,6 +51,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
 
@@ -406,10 +407,11 @@ class PrioritizedReplay:
         frames, a row whose frames were overwritten since its insert gets weight 0 and no write-back."""
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
         # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
+        beta = self.beta  # once: the K minibatches of a call share one beta
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=self.beta)  # cpprb reuses its arrays:
+                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays:
                 draw["indexes"] = draw["indexes"].astype(np.int64)  # copy them (astype, the division)
                 draw["weights"] = draw["weights"] / draw["weights"].max()  # per minibatch, as Acme, Dopamine
                 draws.append(draw)
@@ -437,6 +439,10 @@ class PrioritizedReplay:
                 self.buffer.update_priorities(indexes[fresh], priorities[fresh])
                 self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return self.buffer.get_max_priority()
 
     def state_dict(self) -> dict:
         self.flush()
@@ -672,8 +678,9 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
         stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
         wrappers.append(stack)
     if video is not None:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
+            os.environ.setdefault("MUJOCO_GL", "egl")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         kwargs["render_mode"] = "rgb_array"
         filmed = []  # make_vec builds sub-env 0 first: film its first episode only
 
@@ -681,7 +688,9 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
             filmed.append(env)
             if len(filmed) > 1:
                 return env
-            return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
 
         wrappers.append(film)
     autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
@@ -901,7 +910,8 @@ class Logger:
         if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
             with open(self.csv, errors="replace") as f:  # the folder's file: maybe not even text
                 steps = [(r, r.split(",")[0]) for r in f]
-            rows += [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
@@ -973,8 +983,9 @@ def next_multiple(step: int, every: int):
 
 
 def train(args: Args, env_fn=None) -> dict:
-    """Train; env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training
-    and evaluation envs (default: make_env for --env-id). Returns a summary dict."""
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there);
+    env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
+    evaluation envs (default: make_env for --env-id). Returns a summary dict."""
     args = check_args(args)
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     shardings = learner_shardings(args)
@@ -994,9 +1005,9 @@ def train(args: Args, env_fn=None) -> dict:
         act = make_act(network.apply, num_actions)
         unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
         update = make_update(network.apply, optimizer, args, unroll)
-        run_dir, step, episodes = open_run_dir(args), 0, 0
+        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, key, step, episodes = load_checkpoint(run_dir, state, replay, num_actions)
+            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
         state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
@@ -1019,18 +1030,19 @@ def train(args: Args, env_fn=None) -> dict:
         )
         saved_step, saved_time = (step if args.resume else None), time.monotonic()
         tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-        meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
         def checkpoint():
             nonlocal saved_step, saved_time
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the replay
             arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
-            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes}
+            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
             save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
             saved_step, saved_time = step, time.monotonic()
 
         def evaluation(prefix: str):
+            nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
             returns = evaluate(
@@ -1038,6 +1050,7 @@ def train(args: Args, env_fn=None) -> dict:
             )
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
         envs.action_space.seed(args.seed + step)
@@ -1045,6 +1058,8 @@ def train(args: Args, env_fn=None) -> dict:
         if frames is not None:
             frames.start(obs, np.arange(args.num_envs))
         stored_obs = obs if frames is None else frames.stack.copy()
+        if redo:  # the evaluation a signal cut short
+            evaluation("eval")
         while step < args.total_timesteps and not stopped:
             # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, step)
@@ -1097,7 +1112,7 @@ def train(args: Args, env_fn=None) -> dict:
                 tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
                 sps = (step - last["step"]) / (tick["time"] - last["time"])
                 scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": replay.beta}
-                scalars["replay/priority_max"] = replay.buffer.get_max_priority()
+                scalars["replay/priority_max"] = replay.max_priority()
                 scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
                 if last["learn"]:
                     scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
@@ -1144,7 +1159,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     replay.load_state_dict(arrays, path, num_actions)
     rows = replay.buffer.get_stored_size()
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
-    return state, key, step, episodes
+    return state, key, step, episodes, meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):

@@ -1,250 +1,196 @@
-"""Soft actor-critic with prioritized experience replay, in one file.
+"""Soft actor-critic with prioritized experience replay and n-step returns, in one file.
 
-What it implements
-  * Soft actor-critic with twin critics, a tanh-squashed Gaussian actor and a learned
-    temperature (Haarnoja, Zhou, Hartikainen, Tucker, Ha, Tan, Kumar, Zhu, Gupta, Abbeel & Levine
-    2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905). The temperature
-    follows CleanRL's sac_continuous_action.py: it starts at 1 (--alpha-init) and learns at the
-    critics' rate (--alpha-lr defaults to --q-lr); starting it at 0.2 with the actor's rate cost
-    most of the return on Hopper-v5 at 100k steps and nothing on Pendulum-v1. The actor
-    follows CleanRL too (3e-4, two steps every second critic step, 1,000 random steps first).
-    Tianshou's MuJoCo settings (actor at 1e-3 every step, 10,000 random steps) did better on
-    HalfCheetah-v5 and worse on Hopper, Walker2d and Ant-v5 at 100k steps (docs/sampling.md), so they
-    are a command line away, not the default.
-  * Proportional prioritized experience replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb,
-    with importance-sampling-weighted critic loss, and optional n-step returns.
-  * An Acme-style learner (Hoffman et al. 2020, arXiv:2006.00979): a background thread samples
-    and puts batches on the device, K SGD steps run fused in one jitted `lax.scan`, and
-    priorities are written back from another thread. With --num-devices N the SGD steps run
-    data parallel on N local devices (replicated parameters, each batch split, gradients
-    averaged; see learner_shardings).
+Implements SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et
+al. 2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905), on the schedule of CleanRL's
+sac_continuous_action.py (the temperature starts at 1 and learns at the critics' rate; the actor and
+temperature take two steps every second critic step; 1,000 random steps first: docs/sampling.md),
+proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb with an IS-weighted
+critic loss, and n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a
+thread samples batches and puts them on the device, K SGD steps run in one jitted call, another thread
+writes the priorities back; --num-devices N splits each batch over N devices.
 
-Update equations (batch of B transitions i spanning k_i <= n steps; actions live in [-1, 1]^|A|)
-  u ~ N(mu_phi(s), sigma_phi(s)),  a = tanh(u)
-  log pi(a|s) = log N(u; mu, sigma) - sum_j log(1 - tanh(u_j)^2)
-              = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))   (stable form)
-  y_i      = G_i + d_i * (min_{m=1,2} Q_target_m(s'_i, a'_i) - alpha * log pi(a'_i|s'_i)),
-             a'_i ~ pi(.|s'_i),  G_i = n-step return,  d_i = gamma^{k_i} (1 - terminated_i)
-  L_Q      = (1/B) sum_i w_i * sum_m huber(Q_m(s_i, a_i) - y_i)       (w_i: PER IS weights)
-  L_pi     = (1/B) sum_i [alpha * log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
-  L_alpha  = (1/B) sum_i -alpha * (log pi(a~_i|s_i) + H_target),  H_target = -scale * |A|
-  p_i      = mean_m |Q_m(s_i, a_i) - y_i| + eps      (the priority written back)
-  Q_target <- tau * Q + (1 - tau) * Q_target every --target-network-frequency SGD steps;
-  every --policy-frequency SGD steps the actor and alpha take --policy-frequency steps, so they
-  get as many updates as the critics, only later (CleanRL's schedule).
-  PER: P(i) = p_i^alpha_per / sum_j p_j^alpha_per, w_i = (N P(i))^-beta / max_j (N P(j))^-beta
-  with the max over the minibatch (--per-weight-norm batch, as Acme and Dopamine; 'buffer' is
-  cpprb's rule, the max over all N), beta annealed to 1. Each of the K minibatches of a fused
-  call is its own stratified draw over the whole buffer (the PER paper's rule per minibatch;
-  one K*B draw and a permutation would mix them too for less, but keeps one draw's strata; the
-  extra time runs on the prefetch thread: docs/sampling.md).
-
-Design choices
-  * The log-probability is that of the action in [-1, 1]; the env's bounds are applied after,
-    as an affine map. The temperature's target entropy -|A| therefore means the same thing for
-    every env, whatever its units.
-  * The priority is the mean of the two critics' |TD|: both critics are fitted on the sample,
-    so the mean is the error the sample still has to correct; the max would follow whichever
-    critic is momentarily worse and make priorities noisier.
-  * The actor and temperature losses are plain means. The IS weights exist to keep the critic's
-    fixed point (an expectation under the replay distribution) unbiased. The actor step is a
-    policy improvement step: any state distribution with full support improves the policy, so
-    sampling high-TD states more often biases nothing there, and weighting by w <= 1 would only
-    shrink its step size.
-
-Map of this file
-  Part 1, the algorithm: Args (the flags), the networks (Actor, TwinCritic, the tanh-Gaussian),
-  NStepAssembler, PrioritizedReplay, the learner (critic_loss, actor_alpha_loss, make_update),
-  acting (make_act) and train(), the loop. Part 2, the machinery, which a reader may skip: flag
-  checks, envs, the prefetch and priority threads, devices, Run (run folder, resume, counters,
-  logging, evaluations, checkpoints), evaluation and datasets, files, the command line.
+Update, on a minibatch of B transitions i, each spanning k_i <= n env steps (actions in [-1, 1]^|A|;
+the env's bounds are an affine map after, so the target entropy means the same for every env):
+  a = tanh(u), u ~ N(mu(s), sigma(s)):  log pi(a|s) = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))
+  y_i     = G_i + d_i (min_m Q_target_m(s'_i, a'_i) - alpha log pi(a'_i|s'_i)),  a'_i ~ pi(.|s'_i)
+  G_i     = sum_{j<k_i} gamma^j r_{t+j},   d_i = gamma^k_i (1 - terminated_i)      (truncation bootstraps)
+  L_Q     = (1/B) sum_i w_i sum_m huber(Q_m(s_i, a_i) - y_i)                         (w_i: PER IS weights)
+  L_pi    = (1/B) sum_i [alpha log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
+  L_alpha = (1/B) sum_i -alpha (log pi(a~_i|s_i) + H_target),  H_target = -scale |A|
+  p_i     = mean_m |Q_m(s_i, a_i) - y_i| + eps   (the error the sample still has; the max would be noisier)
+  P(i)    = p_i^alpha_per / sum_j p_j^alpha_per,  w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the
+            minibatch (--per-weight-norm buffer: over all N), beta: --per-beta0 -> 1; each minibatch is
+            its own stratified draw over the whole buffer. Only L_Q is IS-weighted: the weights keep the
+            critic's fixed point unbiased, while the actor step improves the policy on any state
+            distribution with full support.
+  Q_target <- tau Q + (1 - tau) Q_target every --target-network-frequency SGD steps; every
+  --policy-frequency SGD steps the actor and alpha take --policy-frequency steps.
 
 Run
-  python algos/sac.py                                       # Pendulum-v1, 20k steps
-  python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000
-  python algos/sac.py --env-id HalfCheetah-v5 --num-devices -1   # SGD over every local GPU
-  python algos/sac.py --resume runs/<run>                   # continue an interrupted run
-  python algos/sac.py --eval-only --load runs/<run>/model.npz
-  python algos/sac.py --save-dataset data/pendulum.hdf5 --dataset-noise 0.3   # data for BC
-  python algos/sac.py --capture-video --track               # eval videos, Weights & Biases (optional packages)
-  python algos/sac.py --help                                # every flag
-
-Outputs (runs/<env_id>__sac__<seed>__<unix_time>/)
-  args.json, eval.csv (step, mean, std, episodes), tensorboard events with the tags
-  charts/episodic_return, charts/episodic_length, charts/SPS, losses/qf_loss, losses/qf_values,
-  losses/actor_loss, losses/alpha, losses/alpha_loss, losses/entropy, eval/episodic_return(_std),
-  replay/beta, replay/priority_max, perf/updates_per_second, perf/learner_wait_fraction;
-  checkpoint.npz (latest, written atomically; every --checkpoint-every steps and
-  --checkpoint-minutes; --keep-checkpoints K keeps the K - 1 before it as checkpoint-<step>.npz)
-  and model.npz (final actor): arrays and JSON, read without pickle; curve.png (eval and
-  training returns, with matplotlib), videos/ (--capture-video), wandb/ (--track).
-  Console: one refreshing progress line on a terminal, a plain line every 10 --log-every otherwise.
+  python algos/sac.py                                          # Pendulum-v1, 20k steps
+  python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-devices -1
+  python algos/sac.py --resume runs/<run>                      # continue from its checkpoint
+  python algos/sac.py --capture-video --track                  # eval videos, Weights & Biases
+  python tools/sac_evaluate.py runs/<run>         # tools/: evaluate a model, write a dataset, plot a run
+Your own env: one factory builds the training and the evaluation envs, e.g.
+  def my_envs(num_envs, video=None):  # video: (folder, name prefix) to film the first episode, or None
+      return gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+  sac.train(sac.Args(env_id="MyEnv"), my_envs)
+Outputs: runs/<env_id>__sac__<seed>__<time>/ holds args.json, eval.csv, tensorboard events (CleanRL's
+tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
+Design notes and measured figures: docs/sampling.md and the pages it names.
 """
 
 from __future__ import annotations
 
 import os
 
-# Read by jax when it initialises its backend, so it must be set before `import jax`: without it
-# a GPU run would grab 75% of the device memory up front.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when jax starts: no 75% GPU grab
 
-import csv
+import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
-import importlib
-import itertools
 import json
-import queue
 import re
-import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
 import gymnasium as gym
-import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pydantic
+import tqdm
 import tyro
+from pydantic import Field
 
 SCRIPT = "sac"
-CHECKPOINT_FORMAT = f"{SCRIPT}/2"  # 2: .npz and JSON (1 was a pickle)
+FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the clip of the SAC authors' code (softlearning)
+ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
 
-
-# =============================================================================================
-# PART 1: THE ALGORITHM
-# Flags, networks, n-step returns, prioritized replay, losses and update, acting, and the loop.
-# =============================================================================================
+# The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
+Count = Annotated[int, Field(ge=1, lt=2**31)]
+Envs = Annotated[int, Field(ge=1, le=1024)]
+Positive = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Rate = Annotated[float, Field(gt=0, le=1)]
+Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)]
 
 
 @dataclass
 class Args:
     # Algorithm
     env_id: str = "Pendulum-v1"
-    """gymnasium id of an environment with a bounded Box action space"""
-    seed: int = 1
-    """seed of the training envs, the eval env, the networks and the exploration"""
-    total_timesteps: int = 20_000
-    """environment steps, summed over all envs"""
-    num_envs: int = 1
-    """parallel environments (gymnasium's synchronous vector env)"""
-    hidden_sizes: Tuple[int, ...] = (256, 256)
-    """widths of the hidden layers of the actor and of each critic"""
-    policy_lr: float = 3e-4
-    """Adam learning rate of the actor"""
-    alpha_lr: Optional[float] = None
-    """Adam learning rate of log alpha (default: --q-lr, as CleanRL)"""
-    q_lr: float = 1e-3
-    """Adam learning rate of the critics"""
-    batch_size: int = 256
+    """gymnasium id with a bounded Box action space and vector observations"""
+    seed: Annotated[int, Field(ge=0, lt=2**31)] = 1
+    """seed of the envs, the networks and the exploration"""
+    total_timesteps: Count = 20_000
+    """environment steps, summed over the envs"""
+    num_envs: Envs = 1
+    """parallel training environments"""
+    hidden_sizes: Widths = (256, 256)
+    """hidden layer widths of the actor and of each critic"""
+    policy_lr: Positive = 3e-4
+    """Adam step size of the actor"""
+    q_lr: Positive = 1e-3
+    """Adam step size of the critics"""
+    alpha_lr: Optional[Positive] = None
+    """Adam step size of log alpha (default: --q-lr, as CleanRL)"""
+    batch_size: Count = 256
     """transitions per SGD step"""
-    gamma: float = 0.99
+    gamma: Rate = 0.99
     """discount factor"""
-    n_step: int = 1
-    """steps per return (the entropy bonus is taken at the bootstrap state only)"""
-    tau: float = 0.005
+    n_step: Annotated[int, Field(ge=1, le=1000)] = 1
+    """rewards per return (the entropy bonus is taken at the bootstrap state only)"""
+    tau: Rate = 0.005
     """Polyak rate of the target critics"""
-    target_network_frequency: int = 1
+    target_network_frequency: Count = 1
     """SGD steps between target-critic updates"""
-    policy_frequency: int = 2
-    """SGD steps between actor/alpha updates (each time that many of them, as CleanRL does)"""
-    huber_delta: float = 1e6
-    """Huber threshold of the critic loss; the default is so large that it is the squared error"""
-    alpha: float = 0.2
-    """entropy temperature when --no-autotune"""
-    alpha_init: float = 1.0
-    """initial temperature with --autotune (CleanRL, sbx, softlearning and jaxrl start at 1; a
-    start at 0.2 fell far behind on Hopper-v5: docs/sampling.md)"""
+    policy_frequency: Annotated[int, Field(ge=1, le=1000)] = 2
+    """SGD steps between actor and alpha updates (each time that many of them, as CleanRL)"""
+    huber_delta: Positive = 1e6
+    """Huber threshold of the critic loss (the default is the squared error)"""
     autotune: bool = True
     """learn the temperature to reach the target entropy"""
-    target_entropy_scale: float = 1.0
+    alpha: Positive = 0.2
+    """the temperature with --no-autotune"""
+    alpha_init: Positive = 1.0
+    """initial temperature with --autotune (CleanRL, sbx, softlearning and jaxrl start at 1)"""
+    target_entropy_scale: Annotated[float, Field(ge=-100, le=100)] = 1.0
     """target entropy = -scale * |A|"""
-    learning_starts: int = 1_000
-    """environment steps of uniformly random actions before learning starts"""
-    train_frequency: int = 1
-    """environment steps per SGD step (the replay ratio's inverse), whatever --updates-per-call"""
+    learning_starts: Count = 1_000
+    """environment steps of uniformly random actions before learning"""
+    train_frequency: Count = 1
+    """environment steps per SGD step"""
     # Replay
-    buffer_size: int = 1_000_000
-    """replay capacity, in transitions"""
+    buffer_size: Count = 1_000_000
+    """replay capacity in transitions"""
     prioritized: bool = False
-    """prioritized replay (off by default: no gain measured, level with uniform on Pendulum-v1 over
-    5 seeds and on HalfCheetah-v5 in 1 seed; docs/benchmarks.md, Ablations); --no-prioritized samples uniformly through
-    the same code (alpha = 0)"""
-    per_alpha: float = 0.6
-    """priority exponent alpha (0 is uniform)"""
-    per_beta0: float = 0.4
-    """initial importance-sampling exponent beta, annealed linearly to 1"""
-    per_eps: float = 1e-6
+    """prioritized replay (off by default: no gain measured, docs/benchmarks.md, Ablations); uniform is alpha = 0"""
+    per_alpha: Fraction = 0.6
+    """priority exponent alpha"""
+    per_beta0: Fraction = 0.4
+    """initial importance-sampling exponent, annealed linearly to 1"""
+    per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
     per_weight_norm: Literal["batch", "buffer"] = "batch"
-    """divide the IS weights by their largest value in the minibatch (Acme, Dopamine) or in the
-    whole buffer (cpprb's rule, which a single well-fitted transition can shrink; docs/sampling.md)"""
-    # Learner machinery
-    updates_per_call: int = 32
-    """SGD steps fused in one jitted call (lax.scan)"""
-    prefetch_size: int = 2
-    """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
-    num_devices: int = 1
-    """local devices the learner uses (-1: all): each SGD step's batch is split across them, the
-    parameters are replicated and the gradients averaged (data parallel; see learner_shardings)"""
+    """divide IS weights by their max in the minibatch (Acme, Dopamine) or in the buffer (cpprb)"""
+    # Learner
+    updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 32
+    """SGD steps fused in one jitted call"""
+    prefetch_size: Annotated[int, Field(ge=1, le=64)] = 2
+    """calls' worth of batches the prefetch thread keeps ready on the device"""
+    num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
+    """local devices the learner splits each batch over (-1: all)"""
     # Run and output
-    eval_every: int = 5_000
+    eval_every: Count = 5_000
     """environment steps between evaluations"""
-    eval_episodes: int = 10
-    """episodes per evaluation (run in parallel, deterministic actions)"""
-    checkpoint_every: int = 50_000
-    """environment steps between checkpoints (0: none by steps; --checkpoint-minutes still applies)"""
-    checkpoint_minutes: float = 30.0
-    """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
-    keep_checkpoints: int = 1
-    """complete checkpoints kept: checkpoint.npz (the newest) and the K - 1 before it as
-    checkpoint-<step>.npz; older ones are removed only once a newer one is complete"""
-    checkpoint_replay: bool = True
-    """include the replay buffer and its priorities in checkpoints"""
-    log_every: int = 1_000
-    """environment steps between tensorboard scalars; the console line is every 10 of these"""
+    eval_episodes: Envs = 10
+    """episodes per evaluation, run as parallel envs, deterministic actions"""
+    checkpoint_every: Annotated[int, Field(ge=0, lt=2**31)] = 50_000
+    """environment steps between checkpoints (0: none by steps)"""
+    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
+    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
+    keep_checkpoints: Count = 1
+    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
+    log_every: Count = 1_000
+    """environment steps between tensorboard scalars"""
     run_dir: Optional[str] = None
-    """output folder; default runs/<env_id>__sac__<seed>__<unix_time>"""
-    capture_video: bool = False
-    """film the first episode of each evaluation to RUN_DIR/videos/*.mp4 (needs moviepy)"""
-    track: bool = False
-    """log the scalars, flags and videos of a training run to Weights & Biases too (needs wandb)"""
-    wandb_project_name: str = "jax-offpolicy-rl"
-    """W&B project for --track"""
-    wandb_entity: Optional[str] = None
-    """W&B team or user for --track (None: wandb's default entity)"""
+    """output folder (default runs/<env_id>__sac__<seed>__<unix time>); must be new or empty"""
     resume: Optional[str] = None
-    """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed
-    here override it; a larger --total-timesteps re-stretches the schedules, docs/runs.md)"""
-    eval_only: bool = False
-    """evaluate the actor in --load and exit"""
-    load: Optional[str] = None
-    """model.npz or checkpoint.npz (or a run folder) to evaluate with --eval-only"""
-    save_dataset: Optional[str] = None
-    """after training (or with --eval-only), write rollouts of the policy to this .hdf5 file in
-    D4RL's layout, for algos/bc_offline.py"""
-    dataset_episodes: int = 20
-    """episodes in the --save-dataset file"""
-    dataset_noise: float = 0.0
-    """std of Gaussian noise added (in [-1, 1] action units) to the deterministic policy while
-    collecting the dataset (0: expert data; larger: noisier data)"""
+    """run folder to continue: its flags, overridden by those typed here; writes there"""
+    capture_video: bool = False
+    """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
+    track: bool = False
+    """log to Weights & Biases too (needs wandb); never read from a run folder"""
+    wandb_project_name: str = "jax-offpolicy-rl"
+    """W&B project"""
+    wandb_entity: Optional[str] = None
+    """W&B team or user"""
+
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------
+class ConfigError(Exception):
+    """Bad input (flags, files, envs): one line on stderr and exit 2."""
+
+
+class RunFailed(Exception):
+    """The run cannot go on (divergence, a full disk): one line and exit 1."""
+
+
+# ----------------------------------------------------------------------------------------- NETWORKS
 
 
 class Actor(nn.Module):
@@ -254,20 +200,18 @@ class Actor(nn.Module):
     hidden_sizes: Tuple[int, ...]
 
     @nn.compact
-    def __call__(self, obs: jax.Array):
+    def __call__(self, obs):
         x = obs.astype(jnp.float32)
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(width)(x))
-        mean = nn.Dense(self.action_dim)(x)
-        log_std = jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
-        return mean, log_std
+        return nn.Dense(self.action_dim)(x), jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
 
 
 class Critic(nn.Module):
     hidden_sizes: Tuple[int, ...]
 
     @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+    def __call__(self, obs, action):
         x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(width)(x))
@@ -275,21 +219,20 @@ class Critic(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Two independent critics evaluated as one vmapped network: output [2, batch]."""
+    """Two independent critics as one vmapped network: output [2, B]."""
 
     hidden_sizes: Tuple[int, ...]
 
     @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+    def __call__(self, obs, action):
         twins = nn.vmap(
             Critic, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, out_axes=0, axis_size=2
         )
         return twins(self.hidden_sizes)(obs, action)
 
 
-def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
-    """a = tanh(u), u ~ N(mean, std); returns (a, log pi(a)) with the numerically stable
-    change-of-variables term log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))."""
+def sample_tanh_gaussian(mean, log_std, key):
+    """(a = tanh(u), log pi(a)) for u ~ N(mean, std), with the stable form of log(1 - tanh(u)^2)."""
     std = jnp.exp(log_std)
     u = mean + std * jax.random.normal(key, mean.shape)
     log_normal = -0.5 * (((u - mean) / std) ** 2 + 2.0 * log_std + jnp.log(2.0 * jnp.pi))
@@ -297,79 +240,51 @@ def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array, key: jax.Array):
     return jnp.tanh(u), jnp.sum(log_normal - log_det, axis=-1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Replay: n-step assembly and the prioritized buffer
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- REPLAY
 
 
 class NStepAssembler:
-    """Turns per-step transitions of num_envs parallel streams into n-step transitions.
+    """Per-step transitions of parallel envs in, n-step transitions out. Each env keeps its last n
+    steps in a ring; once n are pending the oldest leaves with n rewards and discount gamma^n; at an
+    episode's end every pending step leaves with its k <= n rewards, next_obs = the real final
+    observation and discount gamma^k if truncated (bootstrap) or 0 if terminated."""
 
-    Each env keeps its last n (obs, action, reward) in a ring. A step emits, per env:
-      * nothing while fewer than n steps are pending and the episode goes on;
-      * the oldest pending step, with the return over n rewards, next_obs = the obs after this
-        step and discount gamma^n, once n are pending;
-      * every pending step when the episode ends, each with its own k <= n rewards, next_obs =
-        the real final observation, and discount gamma^k if the episode was truncated (the state
-        was not terminal, so the return still bootstraps) or 0 if it terminated.
-    """
-
-    def __init__(self, n: int, gamma: float, num_envs: int, obs_dim: int, action_dim: int):
-        self.n = n
+    def __init__(self, n, gamma, num_envs, obs_dim, action_dim):
+        self.n, self.t = n, 0  # step t lives in ring slot t % n
         self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
         self.obs = np.zeros((n, num_envs, obs_dim), np.float32)
         self.action = np.zeros((n, num_envs, action_dim), np.float32)
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
         self.all_full = False  # every env has n pending steps: the common case, kept cheap
-        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
-        # Ring slots from oldest to newest when the oldest is in slot i: rows of this table.
-        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n
-        self.n_step_discount = np.full(num_envs, self.powers[n], np.float32)
+        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n  # row i: slots from slot i on
+        self.full_discount = np.full(num_envs, self.powers[n], np.float32)
 
-    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
-        """Transitions of `envs` that started `ages` steps before the latest step."""
-        first = self.t - 1 - ages
-        k = ages + 1  # rewards in each transition
-        offsets = np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1)
-        return {
-            "obs": self.obs[first % self.n, envs],
-            "action": self.action[first % self.n, envs],
-            "reward": ret.astype(np.float32),
-            "next_obs": next_obs,
-            "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32),
-        }
+    def _emit(self, envs, ages, next_obs, terminated):
+        first, k, offsets = self.t - 1 - ages, ages + 1, np.arange(self.n)
+        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
+        discount = (self.powers[k] * (1.0 - terminated)).astype(np.float32)
+        return dict(
+            zip(ROW, (self.obs[first % self.n, envs], self.action[first % self.n, envs], ret, next_obs, discount))
+        )
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """Add one vector step; next_obs must hold the real final observation where done.
-
-        The arrays returned may be views of the ring: copy them before the next push.
-        """
+        """One vector step (next_obs: the real final observation where done); the rows returned may
+        be views of the ring, valid until the next push."""
         slot = self.t % self.n
         self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
         self.t += 1
         done = terminated | truncated
-        if self.all_full and not done.any():
-            # Every env emits its oldest step: no per-env indexing (this runs every step).
+        if self.all_full and not done.any():  # every env emits its oldest step, no per-env indexing
             oldest = self.t % self.n
-            ret = self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]
-            return {
-                "obs": self.obs[oldest],
-                "action": self.action[oldest],
-                "reward": ret.astype(np.float32),
-                "next_obs": next_obs,
-                "discount": self.n_step_discount,
-            }
+            ret = (self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]).astype(np.float32)
+            return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        full = (self.pending == self.n) & ~done
         parts = []
-        if full.any():
-            envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs], np.zeros(envs.size)))
-        if done.any():
-            ended = np.flatnonzero(done)
+        if (full := np.flatnonzero((self.pending == self.n) & ~done)).size:
+            parts.append(self._emit(full, np.full(full.size, self.n - 1), next_obs[full], np.zeros(full.size)))
+        if (ended := np.flatnonzero(done)).size:
             envs = np.repeat(ended, self.pending[ended])
             ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
             parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
@@ -381,85 +296,57 @@ class NStepAssembler:
 
 
 class PrioritizedReplay:
-    """Proportional prioritized replay (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer.
-
-    The PER rules, and where they are:
-      * new transitions enter with p = max_j p_j                                   (flush)
-      * P(i) = p_i^alpha / sum_j p_j^alpha, one stratified draw of B per minibatch (sample)
-      * w_i = (N P(i))^-beta / max_{j in minibatch} w_j                            (sample)
-      * after learning, p_i = mean_m |delta_m,i| + eps                             (update_priorities)
-    cpprb keeps the sum tree, adds eps and raises to alpha. The rest of the class makes it safe
-    for the three threads that touch it:
-
-    * One lock serialises inserts (main thread), sampling (prefetch thread) and priority updates
-      (writer thread); cpprb itself is not thread-safe.
-    * Inserts are staged in numpy and handed to cpprb in chunks: one cpprb call costs about as
-      much as 150 rows copied inside it, so row-by-row inserts would dominate the acting loop.
-    * write_count[slot] counts how often a slot has been overwritten. A sample remembers the
-      counts it saw; its priorities are written back only where the count has not moved, so a
-      |TD| computed for an old transition never lands on the new one that replaced it.
-    * priority[slot] mirrors the raw priorities that went into cpprb, which cannot read them
-      back, so a checkpoint can save and restore them.
-    """
+    """Proportional PER (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer, which keeps the sum
+    tree, adds eps and raises to alpha. Inserts are staged and handed over 128 rows at a time (a cpprb
+    call costs about 150 copied rows). One lock, as cpprb is not thread-safe: the main thread inserts,
+    the prefetch thread samples, the writer thread updates. write_count[slot] counts overwrites: a
+    |TD| is written back only where the slot still holds the row it was computed for."""
 
     STAGE_ROWS = 128
 
-    def __init__(
-        self, capacity: int, obs_dim: int, action_dim: int, alpha: float, eps: float, weight_norm: str = "batch"
-    ):
-        self.capacity, self.weight_norm = capacity, weight_norm
-        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "action": (action_dim,), "reward": (), "discount": ()}
-        spec = {k: {"shape": shapes[k] or 1, "dtype": np.float32} for k in shapes}  # cpprb: 1, not ()
-        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+    def __init__(self, capacity, obs_dim, action_dim, alpha, eps, weight_norm: str = "batch"):
+        self.capacity, self.weight_norm, self.beta = capacity, weight_norm, 0.4
+        shapes = ((obs_dim,), (action_dim,), (), (obs_dim,), ())
+        self.spec = dict(zip(ROW, shapes))  # name: shape of one row, all float32
+        cpprb_spec = {k: {"shape": shape or 1, "dtype": np.float32} for k, shape in self.spec.items()}
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
-        self.priority = np.zeros(capacity, np.float64)
-        self.beta = 0.4  # set by the main loop; read by whoever samples
-        self.stage = {k: np.zeros((self.STAGE_ROWS,) + shapes[k], np.float32) for k in shapes}
+        self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
+        self.stage_rows = min(self.STAGE_ROWS, capacity)
+        self.stage = {k: np.zeros((self.stage_rows,) + shape, np.float32) for k, shape in self.spec.items()}
         self.staged = 0
 
-    def add(self, batch: Optional[dict]) -> None:
-        if batch is None:
-            return
-        rows = len(batch["action"])
-        start = 0
-        while start < rows:
-            take = min(rows - start, self.STAGE_ROWS - self.staged)
+    def add(self, rows: Optional[dict]) -> None:
+        done, total = 0, 0 if rows is None else len(rows["action"])
+        while done < total:
+            take = min(total - done, self.stage_rows - self.staged)
             for key, column in self.stage.items():
-                column[self.staged : self.staged + take] = batch[key][start : start + take]
-            self.staged += take
-            start += take
-            if self.staged == self.STAGE_ROWS:
+                column[self.staged : self.staged + take] = rows[key][done : done + take]
+            self.staged, done = self.staged + take, done + take
+            if self.staged == self.stage_rows:
                 self.flush()
 
     def flush(self) -> None:
-        """Hand staged rows to cpprb at the current max priority: p_new = max_j p_j (the paper's
-        rule for new data, so that each is replayed at least once soon)."""
+        """New rows enter at p = max_j p_j, so that each is replayed soon."""
         if not self.staged:
             return
-        rows = {key: column[: self.staged] for key, column in self.stage.items()}
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
-            self.buffer.add(**rows)
+            self.buffer.add(**{key: column[: self.staged] for key, column in self.stage.items()})
             np.add.at(self.write_count, slots, 1)
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def sample(self, batch_size: int, num_batches: int = 1) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """num_batches minibatches of batch_size rows, each a stratified sample of the whole
-        buffer, flat: minibatch k is rows [k B, (k+1) B). Returns (batch with IS 'weights', slot
-        indexes, their write counts) at the current beta."""
-        # PER's stratified sampling is per minibatch: "to sample a minibatch of size k, the range
-        # [0, p_total] is divided equally into k ranges" (Schaul et al. 2016, B.2.1). cpprb
-        # stratifies the draws of one call, so a single call of K*B rows cut into K minibatches
-        # would give minibatch k only the k-th 1/K of the priority mass: a thin slice of time.
-        # One call per minibatch, all under one lock so that the K share one beta and one tree.
-        beta = self.beta  # read once: the main loop may move it meanwhile
+    def sample(self, batch_size: int, num_batches: int = 1):
+        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts)."""
+        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
+        # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
+        beta = self.beta  # once: the K minibatches of a call share one beta
         with self.lock:
             draws = []
             for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)
-                # cpprb returns indexes and weights in arrays that its next sample() overwrites.
+                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays: copy them
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
             batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
@@ -467,94 +354,69 @@ class PrioritizedReplay:
             stamps = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1).astype(np.float32)
-        if self.weight_norm == "batch":  # w_i / max_{j in minibatch} w_j (cpprb's rule: the buffer's)
+        if self.weight_norm == "batch":  # per minibatch, as Acme, Dopamine
             weights = batch["weights"].reshape(num_batches, batch_size)
             batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
         return batch, indexes, stamps
 
-    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
-        """p_i = mean_m |delta_m,i| (+ eps, by cpprb), where the slot still holds the sampled
-        transition; returns the rows kept."""
-        # One negative or non-finite priority turns every sum in cpprb's tree into NaN, after which
-        # each draw returns slot 0 with NaN weights: refuse it before it gets there.
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+    def update_priorities(self, indexes, stamps, priorities) -> int:
+        """p_i = mean_m |delta_m,i| (+ eps by cpprb) where the slot still holds the sampled row."""
+        if not np.all(np.isfinite(priorities) & (priorities >= 0)):  # one NaN poisons every sum in the tree
             raise ValueError("priorities must be finite and >= 0")
         with self.lock:
             fresh = self.write_count[indexes] == stamps
-            if fresh.any():
+            if fresh.any():  # cpprb refuses an empty update
                 self.buffer.update_priorities(indexes[fresh], priorities[fresh])
                 self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
 
     def max_priority(self) -> float:
         with self.lock:
-            return float(self.buffer.get_max_priority())
+            return self.buffer.get_max_priority()
 
     def state_dict(self) -> dict:
-        """Flat arrays, named as in the checkpoint file."""
         self.flush()
         with self.lock:
             stored = self.buffer.get_stored_size()
-            rows = (
-                self.buffer.get_all_transitions()
-                if stored
-                else {
-                    key: np.zeros((0,) + (column.shape[1:] or (1,)), column.dtype) for key, column in self.stage.items()
-                }
-            )
-            state = {f"replay/{k}": v for k, v in rows.items()}
-            state.update(
-                {
-                    "replay/priority": self.priority[:stored].copy(),
-                    "replay/next_index": np.asarray(self.buffer.get_next_index(), np.int64),
-                    "replay/max_priority": np.asarray(self.buffer.get_max_priority(), np.float64),
-                }
-            )
+            rows = self.buffer.get_all_transitions() if stored else {}
+            empty = {k: np.zeros((0,) + (s or (1,)), np.float32) for k, s in self.spec.items()}
+            state = {f"replay/{k}": rows.get(k, empty[k]) for k in self.spec}
+            state["replay/priority"] = self.priority[:stored].copy()
+            state["replay/next_index"] = np.asarray(self.buffer.get_next_index(), np.int64)
+            state["replay/max_priority"] = np.asarray(self.buffer.get_max_priority(), np.float64)
         return state
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
-        """Check every array against this replay's layout (the file may be hostile), then rebuild
-        cpprb slot by slot, so that indexes, priorities and the insert position all match."""
+        """Rebuild cpprb slot by slot from a checked file, so that indexes, priorities and the insert
+        position all match the saved run."""
         prio = arrays.get("replay/priority")
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
-        if not 0 <= stored <= self.capacity:
-            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
-        check_array(arrays, "replay/priority", (stored,), np.float64, path)
-        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
-        max_priority = float(check_array(arrays, "replay/max_priority", (), np.float64, path))
-        if not (
-            np.isfinite(prio).all()
-            and (prio >= 0).all()
-            and np.isfinite(max_priority)
-            and max_priority > 0
-            and 0 <= k < self.capacity
-            and (k == stored or stored == self.capacity)
-        ):
-            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
-        data = {}
-        for key, column in self.stage.items():
-            # cpprb hands back scalar columns as [rows, 1]
-            data[key] = check_array(arrays, f"replay/{key}", (stored,) + (column.shape[1:] or (1,)), column.dtype, path)
+        require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
+        get = functools.partial(checked_array, arrays, path=path)
+        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
+        top = float(get("replay/max_priority", (), np.float64))
+        data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), np.float32) for key, s in self.spec.items()}
+        require(
+            0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), f"{path}: replay priorities out of range [0, max]"
+        )
+        full = stored == self.capacity
+        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
+        require(
+            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
+        )
         with self.lock:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and k:
-                    # Full buffer: rewrite slots [0, k) with the same rows so that the next
-                    # insert overwrites the oldest transition, as it would have.
+                if full and k:  # rewrite [0, k) so that the next insert lands at k
                     self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
-                # cpprb only ever raises its max priority: raise it on slot 0 to the saved max,
-                # then put slot 0's own priority back.
-                self.buffer.update_priorities(np.array([0]), np.array([max_priority]))
+                # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
+                self.buffer.update_priorities(np.array([0]), np.array([top]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
-                self.priority[:stored] = prio
-            self.write_count[:] = 0
-        self.staged = 0
+            self.priority[:stored], self.write_count[:], self.staged = prio, 0, 0
 
 
-# ---------------------------------------------------------------------------------------------
-# Learner
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------ LEARNER
 
 
 class TrainState(NamedTuple):
@@ -577,57 +439,38 @@ class Nets(NamedTuple):
 
 
 def make_nets(args: Args, action_dim: int) -> Nets:
-    return Nets(
-        Actor(action_dim, args.hidden_sizes),
-        TwinCritic(args.hidden_sizes),
-        optax.adam(args.policy_lr),
-        optax.adam(args.q_lr),
-        optax.adam(args.q_lr if args.alpha_lr is None else args.alpha_lr),
-    )
+    alpha_lr = args.q_lr if args.alpha_lr is None else args.alpha_lr
+    actor, critic = Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes)
+    return Nets(actor, critic, optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(alpha_lr))
 
 
 def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
     k_actor, k_critic = jax.random.split(key)
     obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
-    actor_params = nets.actor.init(k_actor, obs)
-    critic_params = nets.critic.init(k_critic, obs, action)
+    actor_params, critic_params = nets.actor.init(k_actor, obs), nets.critic.init(k_critic, obs, action)
     log_alpha = jnp.asarray(np.log(args.alpha_init if args.autotune else args.alpha), jnp.float32)
-    return TrainState(
-        actor_params,
-        critic_params,
-        jax.tree_util.tree_map(jnp.copy, critic_params),
-        log_alpha,
-        nets.actor_tx.init(actor_params),
-        nets.critic_tx.init(critic_params),
-        nets.alpha_tx.init(log_alpha),
-        jnp.zeros((), jnp.int32),
-    )
+    target = jax.tree_util.tree_map(jnp.copy, critic_params)  # a copy: the update donates its input buffers
+    opts = (nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params), nets.alpha_tx.init(log_alpha))
+    return TrainState(actor_params, critic_params, target, log_alpha, *opts, jnp.zeros((), jnp.int32))
 
 
 def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
-    """IS-weighted Huber loss of both critics against the clipped double-Q soft target.
-
-    Returns (loss, (td[2, B], mean Q)).
-    """
+    """IS-weighted Huber loss of both critics against the clipped double-Q soft target; returns
+    (loss, (td[2, B], mean Q))."""
     mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
     next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
     next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
-    alpha = jnp.exp(state.log_alpha)
-    target = batch["reward"] + batch["discount"] * (next_q - alpha * next_log_prob)
+    target = batch["reward"] + batch["discount"] * (next_q - jnp.exp(state.log_alpha) * next_log_prob)
     q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
     td = q - jax.lax.stop_gradient(target)
-    abs_td = jnp.abs(td)
-    quadratic = jnp.minimum(abs_td, huber_delta)
-    huber = 0.5 * quadratic**2 + huber_delta * (abs_td - quadratic)
+    quadratic = jnp.minimum(jnp.abs(td), huber_delta)
+    huber = 0.5 * quadratic**2 + huber_delta * (jnp.abs(td) - quadratic)
     return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
 
 
 def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
-    """L_pi + L_alpha, plain means (see the docstring); aux = (L_pi, L_alpha, entropy estimate).
-
-    The stop_gradients make the sum separate: d/d(actor) sees only L_pi (alpha held fixed) and
-    d/d(log alpha) sees only L_alpha (log pi held fixed), so one backward pass serves both.
-    """
+    """L_pi + L_alpha, plain means; aux = (L_pi, L_alpha, entropy estimate). The stop_gradients
+    separate the sum: the actor sees only L_pi, log alpha only L_alpha, so one backward pass serves both."""
     mean, log_std = nets.actor.apply(actor_params, obs)
     action, log_prob = sample_tanh_gaussian(mean, log_std, key)
     q = nets.critic.apply(critic_params, obs, action).min(axis=0)
@@ -638,18 +481,13 @@ def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, ke
 
 
 def make_update(nets: Nets, args: Args, action_dim: int):
-    """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps fused.
-
-    The priority of a sample is the mean of the twin critics' |TD| (see the docstring). The state
-    must be on the devices of learner_shardings(args) (jax.device_put(state, shardings.replicated)).
-    """
-    shardings = learner_shardings(args)
-    target_entropy = -args.target_entropy_scale * action_dim
+    """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps in a lax.scan."""
+    shardings, target_entropy = learner_shardings(args), -args.target_entropy_scale * action_dim
 
     def actor_step(carry, key):
         state, obs = carry
         grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
-        (actor_grads, alpha_grad), (actor_l, alpha_l, entropy) = grad_fn(
+        (actor_grads, alpha_grad), aux = grad_fn(
             nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy
         )
         updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
@@ -657,7 +495,12 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         if args.autotune:
             updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
             state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates), alpha_opt=alpha_opt)
-        return (state, obs), (actor_l, alpha_l, entropy)
+        return (state, obs), aux
+
+    def actor_steps(state, obs, key):
+        keys = jax.random.split(key, args.policy_frequency)
+        (state, _), aux = jax.lax.scan(actor_step, (state, obs), keys)
+        return state, tuple(x.mean() for x in aux)
 
     def sgd_step(state: TrainState, inputs):
         batch, key = inputs
@@ -666,66 +509,68 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key, args.huber_delta)
         updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
         critic_params = optax.apply_updates(state.critic_params, updates)
-        sgd_steps = state.sgd_steps + 1
-        target = optax.periodic_update(
-            optax.incremental_update(critic_params, state.target_critic_params, args.tau),
-            state.target_critic_params,
-            sgd_steps,
-            args.target_network_frequency,
+        steps = state.sgd_steps + 1
+        polyak = optax.incremental_update(critic_params, state.target_critic_params, args.tau)
+        target = optax.periodic_update(polyak, state.target_critic_params, steps, args.target_network_frequency)
+        state = state._replace(critic_params=critic_params, critic_opt=critic_opt, target_critic_params=target)
+        state = state._replace(sgd_steps=steps)
+        state, (actor_l, alpha_l, entropy) = jax.lax.cond(  # the delayed actor and alpha steps
+            steps % args.policy_frequency == 0,
+            lambda s: actor_steps(s, batch["obs"], actor_key),
+            lambda s: (s, (jnp.nan, jnp.nan, jnp.nan)),
+            state,
         )
-        state = state._replace(
-            critic_params=critic_params, critic_opt=critic_opt, target_critic_params=target, sgd_steps=sgd_steps
-        )
-
-        def delayed_actor_updates(state):
-            keys = jax.random.split(actor_key, args.policy_frequency)
-            (state, _), (actor_l, alpha_l, entropy) = jax.lax.scan(actor_step, (state, batch["obs"]), keys)
-            return state, (actor_l.mean(), alpha_l.mean(), entropy.mean())
-
-        def skip(state):
-            return state, (jnp.nan, jnp.nan, jnp.nan)
-
-        state, (actor_l, alpha_l, entropy) = jax.lax.cond(
-            sgd_steps % args.policy_frequency == 0, delayed_actor_updates, skip, state
-        )
-        # A step whose new parameters are not finite reports NaN priorities, so the priority
-        # writer stops the run here rather than one call later (after a checkpoint, maybe).
         finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
-        td = jnp.where(finite, td, jnp.nan)
+        td = jnp.where(finite, td, jnp.nan)  # non-finite parameters: NaN priorities stop the run
         return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
 
     def update(state: TrainState, batches: dict, key):
         keys = jax.random.split(jax.random.fold_in(key, state.sgd_steps), batches["reward"].shape[0])
         state, (q_loss, q_mean, actor_l, alpha_l, entropy, td) = jax.lax.scan(sgd_step, state, (batches, keys))
-        metrics = {
-            "losses/qf_loss": q_loss.mean(),
-            "losses/qf_values": q_mean.mean(),
-            "losses/actor_loss": jnp.nanmean(actor_l),
-            "losses/alpha_loss": jnp.nanmean(alpha_l),
-            "losses/entropy": jnp.nanmean(entropy),
-            "losses/alpha": jnp.exp(state.log_alpha),
-        }
+        metrics = {"losses/qf_loss": q_loss.mean(), "losses/qf_values": q_mean.mean()}
+        metrics.update({"losses/actor_loss": jnp.nanmean(actor_l), "losses/alpha_loss": jnp.nanmean(alpha_l)})
+        metrics.update({"losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)})
         return state, metrics, jnp.abs(td).mean(axis=1)
 
+    replicated, batch = shardings
     return jax.jit(
         update,
         donate_argnums=0,
-        in_shardings=(shardings.replicated, shardings.batch, shardings.replicated),
-        out_shardings=(shardings.replicated, shardings.replicated, shardings.batch),
+        in_shardings=(replicated, batch, replicated),
+        out_shardings=(replicated, replicated, batch),
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Acting
-# ---------------------------------------------------------------------------------------------
+class Shardings(NamedTuple):
+    replicated: jax.sharding.NamedSharding  # the train state: a whole copy on every device
+    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B], split along B
+
+
+def learner_shardings(args: Args) -> Shardings:
+    """Data parallel over --num-devices: jit partitions the update by these shardings, the loss's
+    mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
+    devices = jax.local_devices()
+    n = len(devices) if args.num_devices == -1 else args.num_devices
+    require(
+        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
+    )
+    require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
+    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
+    spec = jax.sharding.PartitionSpec
+    return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
+
+
+def local_copy(tree):
+    """Device 0's copy of a replicated tree, without a transfer, for acting on one device."""
+    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
+
+
+# ------------------------------------------------------------------------------------------- ACTING
 
 
 def make_act(actor: Actor):
-    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1].
-
-    Stochastic: a sample of the tanh-Gaussian, keyed by fold_in(key, step) so that no key has to
-    be carried out of the call. Deterministic (evaluation): tanh of the mean.
-    """
+    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1]: a sample of the
+    tanh-Gaussian keyed by fold_in(key, step), or (evaluation) tanh of the mean."""
 
     def act(params, obs, key, step, deterministic: bool):
         mean, log_std = actor.apply(params, obs)
@@ -737,7 +582,6 @@ def make_act(actor: Actor):
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start -> end linearly over `duration`, then end."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
@@ -751,251 +595,62 @@ def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -
     return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------
-
-
-def train(args: Args) -> dict:
-    """Train with checked flags (main() checks them and merges a --resume run's own). Returns
-    {run_dir, global_step, eval_mean, sgd_steps}, or {..., signal} when a signal stopped it."""
-    # The learner's devices (one by default): parameters replicated, each batch split across them.
-    shardings = learner_shardings(args)
-    envs = make_env(args.env_id, args.num_envs)
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    nets = make_nets(args, action_dim)
-    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-    state = init_train_state(nets, args, obs_dim, action_dim, init_key)
-    replay = PrioritizedReplay(
-        args.buffer_size,
-        obs_dim,
-        action_dim,
-        args.per_alpha if args.prioritized else 0.0,
-        args.per_eps,
-        args.per_weight_norm,
-    )
-    nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
-    act = make_act(nets.actor)
-    update = make_update(nets, args, action_dim)
-    # The run folder, a --resume checkpoint, logging, the prefetch and priority threads, signals,
-    # evaluations and checkpoints: Part 2. The loop below is the algorithm.
-    run = Run(args, envs, replay, act, shardings)
-    state, key = run.restore(state, key)
-    with run:
-        obs = run.reset()
-        while run.global_step < args.total_timesteps and not run.stopped:
-            # ACT: uniform random actions until learning starts, then samples of the policy
-            if run.global_step < args.learning_starts:
-                action = from_env_action(envs.action_space.sample(), low, high)
-            else:
-                action = np.asarray(act(run.act_params, obs, key, np.int32(run.global_step), deterministic=False))
-            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
-
-            # STORE: the n-step transition. Its next observation is the one the step really led
-            # to (info["final_obs"] at an episode's end); only `terminated` ends the return, a
-            # time-limit truncation bootstraps.
-            done = terminated | truncated
-            replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info), terminated, truncated))
-            obs = next_obs
-            run.count_step(reward, done)
-
-            # LEARN: one SGD step per train_frequency env steps, K of them fused per jitted call;
-            # the batches come from the prefetch thread, the priorities go back on another thread.
-            for _ in range(run.update_calls_due()):
-                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, run.global_step)
-                batches, indexes, stamps = run.next_batches()
-                state, metrics, priorities = update(state, batches, key)
-                run.learned(state, metrics, indexes, stamps, priorities)
-
-            run.log_if_due()
-            run.evaluate_if_due()
-            run.checkpoint_if_due(state, key)
-    return run.finish(state, key)
-
-
-# =============================================================================================
-# PART 2: THE MACHINERY
-# What makes the loop above a dependable program: a reader learning the algorithm can stop
-# here. Flag checks, envs, threads, devices, the run (folder, resume, logging, evaluation,
-# checkpoints), files, and the command line.
-# =============================================================================================
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors and flag checks
-# ---------------------------------------------------------------------------------------------
-
-
-class ConfigError(Exception):
-    """Bad input from the user: reported as one line, without a traceback."""
-
-
-class RunFailed(Exception):
-    """The run cannot go on (a checkpoint that cannot be written, divergence): one line, exit 1."""
-
-
-class Diverged(RunFailed):
-    """The learner produced a non-finite TD error or parameters: one line, naming the SGD step."""
-
-
-def check_args(args: Args, packages: bool = True) -> None:
-    """One ConfigError for the first bad flag. packages=False skips the optional packages of
-    --capture-video and --track: flags read from a file need them only where this process acts on
-    them (a model's flags for --eval-only do not; a resumed run's merged flags are checked with)."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "n_step",
-        "target_network_frequency",
-        "policy_frequency",
-        "train_frequency",
-        "updates_per_call",
-        "prefetch_size",
-        "eval_every",
-        "eval_episodes",
-        "log_every",
-        "policy_lr",
-        "q_lr",
-        "huber_delta",
-        "per_eps",
-        "alpha",
-        "alpha_init",
-    )
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.alpha_lr is not None and args.alpha_lr <= 0:
-        raise ConfigError(f"--alpha-lr must be positive, got {args.alpha_lr}")
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
-        raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
-    for flag in dataclasses.fields(Args):  # NaN passes every comparison below
-        value = getattr(args, flag.name)
-        if isinstance(value, float) and not np.isfinite(value):
-            raise ConfigError(f"--{flag.name.replace('_', '-')} must be a finite number, got {value}")
-    if args.batch_size > args.buffer_size:
-        raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.learning_starts < args.batch_size:
-        raise ConfigError(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
-    for name in ("gamma", "tau"):
-        if not 0.0 < getattr(args, name) <= 1.0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(args, name)}")
-    if not 0.0 <= args.per_beta0 <= 1.0:
-        raise ConfigError(f"--per-beta0 must be in [0, 1], got {args.per_beta0}")
-    if args.per_alpha < 0 or args.checkpoint_every < 0 or args.dataset_noise < 0:
-        raise ConfigError("--per-alpha, --checkpoint-every and --dataset-noise must be >= 0")
-    if args.dataset_episodes <= 0:
-        raise ConfigError(f"--dataset-episodes must be positive, got {args.dataset_episodes}")
-    if args.checkpoint_minutes < 0:
-        raise ConfigError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
-    if args.keep_checkpoints < 1:
-        raise ConfigError(f"--keep-checkpoints must be at least 1, got {args.keep_checkpoints}")
-    if args.num_devices == 0 or args.num_devices < -1:
-        raise ConfigError(f"--num-devices must be positive or -1 (all local devices), got {args.num_devices}")
-    if args.eval_only and not args.load:
-        raise ConfigError("--eval-only needs --load PATH (a model.npz or checkpoint.npz)")
-    if packages and args.capture_video and not importable("moviepy"):
-        raise ConfigError("--capture-video needs moviepy: pip install moviepy (its imageio-ffmpeg wheel ships ffmpeg)")
-    if packages and args.track and not importable("wandb"):
-        raise ConfigError("--track needs wandb: pip install wandb")
-
-
-def importable(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-    except ImportError:
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------- ENVIRONMENTS
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """A synchronous vector env in SAME_STEP autoreset mode, checked for what SAC can handle;
-    with video = (folder, prefix), sub-env 0 films its first episode (see film_first_episode).
+    """The default env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
+    ends an episode returns the next one's first observation and the real last one in
+    info["final_obs"]); with video = (folder, prefix) sub-env 0 films its first episode."""
+    wrappers, kwargs = [], {}
+    if video is not None:
+        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
+            os.environ.setdefault("MUJOCO_GL", "egl")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        kwargs["render_mode"] = "rgb_array"
+        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
 
-    SAME_STEP: the step that ends an episode returns the first observation of the next one and
-    puts the real last observation in info["final_obs"]. The default (NEXT_STEP) would instead
-    spend one extra step per episode on a reset whose transition must be thrown away.
-    """
-    wrappers, kwargs = ([film_first_episode(*video)], {"render_mode": "rgb_array"}) if video is not None else ([], {})
+        def film(env):
+            filmed.append(env)
+            if len(filmed) > 1:
+                return env
+            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+
+        wrappers.append(film)
+    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     try:
         envs = gym.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode="sync",
-            wrappers=wrappers,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            **kwargs,
+            env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
         )
-    except gym.error.Error as e:
-        raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
     except ImportError as e:
-        raise ConfigError(f"cannot make env {env_id!r}: {e} (pip install -r requirements.txt)") from None
-    action_space = envs.single_action_space
-    problem = None
-    if not isinstance(action_space, gym.spaces.Box):
-        problem = (
-            f"{env_id} has a {type(action_space).__name__} action space; SAC needs a Box "
-            "action space (use algos/dqn_prioritized.py for discrete actions)"
-        )
-    elif not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-        problem = f"{env_id} has unbounded actions {action_space}; SAC's tanh policy needs finite bounds"
-    elif not isinstance(envs.single_observation_space, gym.spaces.Box) or len(envs.single_observation_space.shape) != 1:
-        problem = (
-            f"{env_id} has observations {envs.single_observation_space}; this script takes flat vector observations"
-        )
-    if problem:
+        raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)} (pip install -r requirements.txt)") from None
+    except (gym.error.Error, AttributeError, ValueError) as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)}") from None
+    try:
+        check_spaces(envs, env_id)
+    except ConfigError:
         envs.close()
-        raise ConfigError(problem)
+        raise
     return envs
 
 
-def film_first_episode(folder: str, prefix: str) -> Callable[[gym.Env], gym.Env]:
-    """A make_vec wrapper that films the first episode of the first sub-env it wraps (make_vec
-    builds sub-env 0 first) with gymnasium's RecordVideo, into video_file((folder, prefix)); the
-    env must render rgb_array frames. RecordVideo films the reset frame and one frame per step."""
-    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
-        # Headless: MuJoCo needs EGL (glfw and osmesa failed without a display), and pygame's
-        # renderers open an SDL display even for rgb_array (SDL prints an error line without one).
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    filmed = []
-
-    def wrap(env: gym.Env) -> gym.Env:
-        if filmed:
-            return env
-        filmed.append(True)
-        with warnings.catch_warnings():  # the folder exists from the previous evaluation, its files stay
-            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-            return gym.wrappers.RecordVideo(
-                env, folder, episode_trigger=lambda episode: episode == 0, name_prefix=prefix
-            )
-
-    return wrap
+def check_spaces(envs, env_id: str) -> None:
+    space, obs_space = envs.single_action_space, envs.single_observation_space
+    discrete = "use algos/dqn_prioritized.py for discrete actions"
+    require(
+        isinstance(space, gym.spaces.Box),
+        f"{env_id} has a {type(space).__name__} action space; SAC needs a Box ({discrete})",
+    )
+    bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
+    require(bounded, f"{env_id} has unbounded actions {space}; SAC's tanh policy needs finite bounds")
+    vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    require(vector, f"{env_id} has observations {obs_space}; this script takes flat vector observations")
 
 
-def video_file(video: Tuple[str, str]) -> str:
-    """The file RecordVideo writes for episode 0 of film_first_episode(folder, prefix)."""
-    folder, prefix = video
-    return os.path.join(folder, f"{prefix}-episode-0.mp4")
-
-
-def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
-    """Reset with seeds seed, seed+1, ... (one per sub-env) and seed the action space."""
-    envs.action_space.seed(seed)
-    obs, _ = envs.reset(seed=seed)
-    return obs
-
-
-def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
-    """The observation each step really led to. In SAME_STEP mode a finished env's next_obs is
-    already the reset of its next episode; the last observation is in info["final_obs"]."""
+def real_next_obs(next_obs, done, info):
+    """The observation each step led to: at an episode's end, info["final_obs"] (SAME_STEP mode)."""
     if not done.any():
         return next_obs
     real = next_obs.copy()
@@ -1004,679 +659,109 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
     return real
 
 
-# ---------------------------------------------------------------------------------------------
-# Replay plumbing
-# ---------------------------------------------------------------------------------------------
-
-
-def sample_batches(replay, batch_size: int, num_batches: int, sharding: Optional[jax.sharding.Sharding] = None):
-    """What the learner gets for one call: (batches[K, B, ...] on the device(s), slot indexes[K * B],
-    write counts). Runs on the prefetch thread, so the device transfer is off the learner's path
-    too; with several devices each gets its own slice of B here (Shardings.batch)."""
-    batch, indexes, stamps = replay.sample(batch_size, num_batches)
-    batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch, sharding), indexes, stamps
-
-
-def next_multiple(step: int, every: int) -> Optional[int]:
-    """The first multiple of `every` after `step`; None (never) when every is 0."""
-    return (step // every + 1) * every if every else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Prefetch and priority write-back threads
-# ---------------------------------------------------------------------------------------------
-
-
-class Prefetcher:
-    """Samples ahead on a background thread and puts the batches on the device (as Acme does).
-
-    The learner then only waits when sampling is slower than learning; perf/learner_wait_fraction
-    measures that. An exception in the thread is re-raised by the next get().
-    """
-
-    def __init__(self, produce: Callable[[], Any], size: int):
-        self._produce = produce
-        self._queue: queue.Queue = queue.Queue(maxsize=size)
-        self._stop = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                item = self._produce()
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        pass
-        except BaseException as e:  # handed to the consumer, who re-raises it
-            self._error = e
-            self._stop.set()
-
-    def get(self) -> Any:
-        while True:
-            try:
-                return self._queue.get(timeout=0.05)
-            except queue.Empty:
-                if self._error is not None:
-                    raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
-                if self._stop.is_set():
-                    raise RuntimeError("prefetcher is closed") from None
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class PriorityWriter:
-    """Writes |TD| back into the replay on a background thread, and stops the run on a
-    non-finite one (with uniform replay too: it only checks then).
-
-    Reading the priorities waits for the learner's computation, so doing it here keeps that wait
-    (and the lock) off the acting loop. flush() blocks until everything submitted is written.
-    """
-
-    def __init__(self, replay: PrioritizedReplay, write: bool = True):
-        self._replay, self._write = replay, write
-        self._queue: queue.Queue = queue.Queue()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                indexes, stamps, priorities, first_step = item
-                priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
-                finite = np.isfinite(priorities).all(axis=1)
-                if not finite.all():
-                    raise Diverged(
-                        f"the learner diverged: non-finite TD error or parameters at SGD step "
-                        f"{first_step + int(np.argmin(finite)) + 1}; try a lower --q-lr or --policy-lr"
-                    )
-                if self._write:
-                    self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
-            except BaseException as e:
-                self._error = self._error or e  # the first one is the one to report
-            finally:
-                self._queue.task_done()
-
-    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array, first_step: int) -> None:
-        """Queue the |TD|[K, B] of the K SGD steps after SGD step first_step."""
-        self._raise()
-        self._queue.put((indexes, stamps, priorities, first_step))
-
-    def flush(self) -> None:
-        self._queue.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if isinstance(self._error, Diverged):
-            raise self._error
-        if self._error is not None:
-            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-
-# ---------------------------------------------------------------------------------------------
-# Devices
-# ---------------------------------------------------------------------------------------------
-
-
-class Shardings(NamedTuple):
-    replicated: jax.sharding.NamedSharding  # train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B]: split along B
-
-
-def learner_shardings(args: Args) -> Shardings:
-    """Data-parallel SGD over --num-devices local devices, as Acme's learners do with pmap.
-
-    Written the current JAX way: jit with these shardings on its inputs and outputs partitions
-    the update itself. Each device computes the loss terms of its slice of the batch, the mean in
-    the loss becomes per-device sums and one all-reduce, so the gradient is the whole batch's and
-    every device applies the same update to its copy: the one-device result up to the order of
-    float additions (tests/test_multidevice.py). With one device this is plain jit.
-    """
-    devices = jax.local_devices()
-    n = len(devices) if args.num_devices == -1 else args.num_devices
-    if n > len(devices):
-        raise ConfigError(
-            f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(str(d) for d in devices)}"
-        )
-    if args.batch_size % n:
-        raise ConfigError(f"--batch-size {args.batch_size} does not split evenly over {n} devices")
-    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
-    return Shardings(
-        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "devices")),
-    )
-
-
-def local_copy(tree):
-    """One device's copy of a replicated state, without a transfer (a view of its buffers), for
-    acting: a policy call on the replicated arrays would run on every device (measured: docs/multidevice.md).
-    Take it again after each update: the update donates the state whose buffers it shares."""
-    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
-
-
-# ---------------------------------------------------------------------------------------------
-# The run: folder, resume, counters, threads, logging, evaluations, checkpoints
-# ---------------------------------------------------------------------------------------------
-
-
-class Run:
-    """Everything train() needs besides the algorithm: the run folder and args.json, a --resume
-    checkpoint, the step counters, the prefetch and priority-writer threads, the devices, logging
-    and the progress line,
-    evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:` stops the threads however the
-    loop ends)."""
-
-    def __init__(self, args: Args, envs, replay: PrioritizedReplay, act, shardings: Shardings):
-        self.args, self.envs, self.replay, self.act, self.shardings = args, envs, replay, act, shardings
-        self.global_step = self.episodes = 0
-        # SGD steps due = sgd_base + (global_step - learn_from) // train_frequency: learning starts
-        # once the replay holds learning_starts rows, and again after a resume whose replay was not
-        # checkpointed (the updates of the waiting steps are skipped, not replayed in one burst).
-        self.sgd_base, self.learn_from = 0, args.learning_starts
-        self.prefetcher: Optional[Prefetcher] = None
-        self.stop = StopRequest()
-        self.metrics: dict = {}
-        self.last_eval: Optional[str] = None
-
-    @property
-    def stopped(self) -> bool:
-        return self.stop.signum is not None
-
-    def restore(self, state: TrainState, key):
-        """(state, key) of the --resume checkpoint, or the fresh ones given; then the run folder,
-        the logger and the counters. The state goes on the learner's devices."""
-        args = self.args
-        if args.resume:
-            ckpt = os.path.join(args.resume, "checkpoint.npz")
-            meta, arrays = load_npz(ckpt, "checkpoint")
-            state = restore_tree(state, arrays, "train_state/", ckpt)
-            key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-            self.global_step, self.episodes = (
-                saved_count(meta, "global_step", ckpt),
-                saved_count(meta, "episodes", ckpt),
-            )
-            if any(name.startswith("replay/") for name in arrays):
-                self.replay.load_state_dict(arrays, ckpt)
-            rows = self.replay.buffer.get_stored_size()
-            if rows < args.learning_starts:
-                self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
-            note = (
-                f"; learning waits for {self.learn_from - self.global_step} new rows"
-                if self.learn_from > self.global_step
-                else ""
-            )
-            saved_total = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-            if saved_total not in (None, args.total_timesteps):
-                note += f"; the schedules now run to --total-timesteps {args.total_timesteps}, not {saved_total}"
-            print(
-                f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, "
-                f"{rows} rows in the replay){note}"
-            )
-        state = jax.device_put(state, self.shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-        self.act_params = local_copy(state.actor_params)
-        self.sgd_done = int(state.sgd_steps)
-
-        self.run_dir = args.run_dir or os.path.join(
-            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-        )
-        os.makedirs(self.run_dir, exist_ok=True)
-        for name in os.listdir(self.run_dir):
-            # A write that a kill cut short (the file it was replacing is whole), and on a fresh
-            # start the kept checkpoints of an earlier run in this folder, which would mix with ours.
-            if ".tmp." in name or (not args.resume and re.fullmatch(r"checkpoint-\d+\.npz", name)):
-                os.remove(os.path.join(self.run_dir, name))
-        write_atomic(
-            os.path.join(self.run_dir, "args.json"),
-            lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()),
-        )
-        # On resume, eval.csv keeps the rows up to the checkpoint (a finished run's final
-        # evaluation is done again, so its row goes too).
-        step = self.global_step
-        self.logger = Logger(
-            self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None, args
-        )
-        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
-        self.saved = {"step": step if args.resume else None, "time": time.monotonic()}  # the newest checkpoint
-        self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
-        self.next_eval, self.next_log = next_multiple(step, args.eval_every), next_multiple(step, args.log_every)
-        self.next_ckpt = next_multiple(step, args.checkpoint_every)
-        self.console = Console(args.total_timesteps, step, "steps")
-        self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        self.writer = PriorityWriter(self.replay, write=args.prioritized)  # with alpha = 0 a write changes nothing
-        return state, key
-
-    def reset(self) -> np.ndarray:
-        """First observations. The envs restart on resume (their state is not checkpointed); the
-        seed moves with the step so that a resumed run does not replay the episodes it began with."""
-        return seed_envs(self.envs, self.args.seed + self.global_step)
-
-    def count_step(self, reward: np.ndarray, done: np.ndarray) -> None:
-        self.global_step += self.args.num_envs
-        self.ep_return += reward
-        self.ep_length += 1
-        if done.any():
-            for i in np.flatnonzero(done):
-                self.episodes += 1
-                self.logger.scalars(
-                    self.global_step,
-                    {"charts/episodic_return": self.ep_return[i], "charts/episodic_length": self.ep_length[i]},
-                )
-            self.ep_return[done], self.ep_length[done] = 0.0, 0
-
-    def update_calls_due(self) -> int:
-        """Jitted update calls (of --updates-per-call SGD steps) due at this step: the replay ratio
-        is one SGD step per --train-frequency env steps after learning starts."""
-        sgd_due = self.sgd_base + max(0, self.global_step - self.learn_from) // self.args.train_frequency
-        return (sgd_due - self.sgd_done) // self.args.updates_per_call
-
-    def next_batches(self):
-        """(batches[K, B, ...] on the devices, slot indexes, write counts) from the prefetch thread,
-        which starts at the first call (so its first draws see the beta train() set); the staged
-        inserts reach cpprb first."""
-        args = self.args
-        self.replay.flush()
-        if self.prefetcher is None:
-            self.prefetcher = Prefetcher(
-                functools.partial(
-                    sample_batches, self.replay, args.batch_size, args.updates_per_call, self.shardings.batch
-                ),
-                args.prefetch_size,
-            )
-        self.t0 = time.perf_counter()
-        batches = self.prefetcher.get()
-        self.window["wait"] += time.perf_counter() - self.t0
-        return batches
-
-    def learned(self, state: TrainState, metrics: dict, indexes, stamps, priorities) -> None:
-        """After an update call: queue its priorities for the writer thread, take the acting copy
-        of the new parameters."""
-        self.writer.submit(indexes, stamps, priorities, self.sgd_done)
-        self.window["learn"] += time.perf_counter() - self.t0
-        self.sgd_done += self.args.updates_per_call
-        self.metrics = metrics
-        self.act_params = local_copy(state.actor_params)
-
-    def log_if_due(self) -> None:
-        args, step = self.args, self.global_step
-        if step < self.next_log:
-            return
-        self.next_log += args.log_every
-        now = time.perf_counter()
-        window, elapsed = self.window, now - self.window["time"]
-        scalars = {
-            "charts/SPS": (step - window["step"]) / elapsed,
-            "replay/beta": self.replay.beta,
-            "replay/priority_max": self.replay.max_priority(),
-            "perf/updates_per_second": (self.sgd_done - window["sgd"]) / elapsed,
-        }
-        if window["learn"] > 0:
-            scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
-        scalars.update({k: float(v) for k, v in self.metrics.items()})
-        self.logger.scalars(step, scalars)
-        self.logger.flush()
-        fields = (
-            f"qf_loss {scalars.get('losses/qf_loss', float('nan')):.3f}  "
-            f"alpha {scalars.get('losses/alpha', float('nan')):.3f}  "
-            f"episodes {self.episodes}  eval {self.last_eval if self.last_eval is not None else '-'}"
-        )
-        plain = step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps
-        line = f"step {step:>8d}  SPS {scalars['charts/SPS']:6.0f}  {fields}"
-        self.console.update(step, scalars["charts/SPS"], fields, line if plain else None)
-        window.update(time=now, step=step, sgd=self.sgd_done, wait=0.0, learn=0.0)
-
-    def evaluate(self, prefix: str) -> np.ndarray:
-        video = (os.path.join(self.run_dir, "videos"), prefix) if self.args.capture_video else None
-        returns = evaluate(
-            self.act, self.act_params, self.args.env_id, self.args.eval_episodes, self.args.seed + 10_000, video
-        )
-        self.logger.eval(self.global_step, returns, video)
-        self.last_eval = f"{returns.mean():.1f}"
-        return returns
-
-    def evaluate_if_due(self) -> None:
-        if self.next_eval <= self.global_step < self.args.total_timesteps:  # the final one comes in finish()
-            self.next_eval += self.args.eval_every
-            self.evaluate(f"eval-step-{self.global_step}")
-
-    def checkpoint(self, state: TrainState, key) -> None:
-        self.writer.flush()
-        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
-        if self.args.checkpoint_replay:
-            arrays.update(self.replay.state_dict())
-        save_checkpoint(
-            self.run_dir,
-            {**self.meta, "kind": "checkpoint", "global_step": self.global_step, "episodes": self.episodes},
-            arrays,
-            self.global_step,
-            self.saved["step"],
-            self.args.keep_checkpoints,
-        )
-        self.saved.update(step=self.global_step, time=time.monotonic())
-
-    def checkpoint_if_due(self, state: TrainState, key) -> None:
-        args = self.args
-        if (self.next_ckpt is not None and self.global_step >= self.next_ckpt) or (
-            args.checkpoint_minutes and time.monotonic() - self.saved["time"] >= 60 * args.checkpoint_minutes
-        ):
-            self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
-            self.checkpoint(state, key)
-
-    def __enter__(self):
-        try:
-            self.stop.__enter__()
-        except BaseException:  # e.g. signal handlers can only be set from the main thread
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.__exit__(*exc)
-        self.close()
-        if exc[0] is not None:  # finish() will not run: write out the events since the last tick
-            self.logger.close()
-
-    def close(self) -> None:
-        """Stop the threads and close the envs (the writer writes what was submitted first)."""
-        self.console.end()
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        self.writer.close()  # writes what was submitted; its error, if any, is raised by checkpoint()
-        self.envs.close()
-
-    def finish(self, state: TrainState, key) -> dict:
-        """The last checkpoint; then, unless a signal stopped the run, model.npz, the final
-        evaluation, curve.png and the --save-dataset file."""
-        self.checkpoint(state, key)
-        run_dir, step = self.run_dir, self.global_step
-        if self.stopped:
-            self.logger.close()
-            print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
-            return {"run_dir": run_dir, "global_step": step, "signal": self.stop.signum}
-        save_npz_atomic(
-            os.path.join(run_dir, "model.npz"),
-            {**self.meta, "kind": "model"},
-            tree_arrays("params/", state.actor_params),
-        )
-        returns = self.evaluate(f"final-step-{step}")
-        self.logger.close()
-        write_curve(run_dir)
-        if self.args.save_dataset:
-            save_dataset(self.args.save_dataset, self.act, self.act_params, self.args)
-        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {
-            "run_dir": run_dir,
-            "global_step": step,
-            "eval_mean": float(returns.mean()),
-            "sgd_steps": int(state.sgd_steps),
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation and datasets
-# ---------------------------------------------------------------------------------------------
-
-
-def rollout(
-    act,
-    params,
-    env_id: str,
-    episodes: int,
-    seed: int,
-    noise: float = 0.0,
-    random: bool = False,
-    record: bool = False,
-    video: Optional[Tuple[str, str]] = None,
-) -> Tuple[np.ndarray, Optional[dict]]:
-    """Returns of `episodes` episodes run as parallel envs (each contributes its first episode)
-    with the deterministic policy tanh(mean) (plus N(0, noise^2) clipped to [-1, 1]), or with
-    uniformly random actions; with record=True also their transitions in D4RL's flat layout
-    (actions in env units), episode after episode; with video = (folder, prefix) the first
-    episode is filmed to video_file(video). The same seeds every time."""
-    envs = make_env(env_id, episodes, video)
+def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=None):
+    """Returns of deterministic episodes (tanh of the mean) on parallel envs, the same seeds every
+    time; an evaluation a signal cuts short returns None."""
+    envs = env_fn(episodes, video=video)
     try:
         low, high = envs.single_action_space.low, envs.single_action_space.high
-        obs = seed_envs(envs, seed)
-        rng = np.random.default_rng(seed)
-        returns = np.zeros(episodes)
-        running = np.ones(episodes, bool)
-        steps = []
+        envs.action_space.seed(seed)
+        obs, _ = envs.reset(seed=seed)
+        returns, running = np.zeros(episodes), np.ones(episodes, bool)
         while running.any():
-            if random:
-                env_action = envs.action_space.sample()
-            else:
-                action = np.asarray(act(params, obs, None, None, deterministic=True))
-                if noise:
-                    action = np.clip(action + noise * rng.standard_normal(action.shape), -1.0, 1.0)
-                env_action = to_env_action(action, low, high)
-            next_obs, reward, terminated, truncated, info = envs.step(env_action)
-            steps.append(
-                (
-                    running.copy(),
-                    obs,
-                    env_action,
-                    reward,
-                    real_next_obs(next_obs, terminated | truncated, info) if record else None,
-                    terminated,
-                    truncated,
-                )
-            )
+            if stop:  # a signal arrived: the run checkpoints at once
+                return None
+            action = np.asarray(act(params, obs, None, None, deterministic=True))
+            obs, reward, terminated, truncated, _ = envs.step(to_env_action(action, low, high))
             returns += reward * running
             running &= ~(terminated | truncated)
-            obs = next_obs
-        if not record:
-            return returns, None
-        columns = [np.stack(c) for c in zip(*steps)]  # each [T, episodes, ...]
-        live = columns[0]
-        names = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
-        return returns, {
-            name: np.concatenate([col[live[:, i], i] for i in range(episodes)]) for name, col in zip(names, columns[1:])
-        }
+        return returns
     finally:
         envs.close()
 
 
-def evaluate(act, params, env_id: str, episodes: int, seed: int, video: Optional[Tuple[str, str]] = None) -> np.ndarray:
-    return rollout(act, params, env_id, episodes, seed, video=video)[0]
+# -------------------------------------------------------------------------------------------- FILES
+# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
+# code. Member meta.json holds the format, the counters and the flags; every other member is one
+# array named by its place ("train_state/actor_params/params/Dense_0/kernel", "replay/obs", ...), checked
+# for name, shape, dtype and range against what this script builds before any of it is used.
 
 
-def save_dataset(path: str, act, params, args: Args) -> dict:
-    """Rollouts of the policy (with --dataset-noise) in D4RL's HDF5 layout, with the reference
-    returns of the normalised score in metadata/: ref_min from uniformly random actions, ref_max
-    from the deterministic policy itself. Written atomically."""
-    seed = args.seed + 20_000
-    returns, data = rollout(
-        act, params, args.env_id, args.dataset_episodes, seed, noise=args.dataset_noise, record=True
-    )
-    ref_min = float(rollout(act, params, args.env_id, args.dataset_episodes, seed, random=True)[0].mean())
-    ref_max = float(evaluate(act, params, args.env_id, args.dataset_episodes, seed).mean())
-    metadata = {
-        "env_id": args.env_id,
-        "algorithm": f"{SCRIPT}.py",
-        "dataset_noise": args.dataset_noise,
-        "episodes": args.dataset_episodes,
-        "seed": seed,
-        "ref_min_score": ref_min,
-        "ref_max_score": ref_max,
-        "mean_return": float(returns.mean()),
-    }
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with h5py.File(tmp, "w") as f:
-        for name, values in data.items():
-            f.create_dataset(name, data=values, compression="gzip")
-        group = f.create_group("metadata")
-        for name, value in metadata.items():
-            group.attrs[name] = value
-    os.replace(tmp, path)
-    print(
-        f"wrote {len(data['rewards'])} transitions ({args.dataset_episodes} episodes, mean return "
-        f"{returns.mean():.1f}; ref_min {ref_min:.1f}, ref_max {ref_max:.1f}) to {path}",
-        flush=True,
-    )
-    return metadata
+def require(ok, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
-def env_dims(env_id: str) -> Tuple[int, int]:
-    envs = make_env(env_id, 1)
-    dims = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    envs.close()
-    return dims
+def first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
 
 
-def run_eval_only(args: Args) -> np.ndarray:
-    path = args.load if not os.path.isdir(args.load) else os.path.join(args.load, "model.npz")
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    meta, arrays = load_npz(path, kind)
-    saved = args_from_json(meta.get("args"), path)
-    obs_dim, action_dim = env_dims(saved.env_id)
-    actor = Actor(action_dim, saved.hidden_sizes)
-    template = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
-    prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
-    params = restore_tree(template, arrays, prefix, path)
-    act = make_act(actor)
-    video = (os.path.join(os.path.dirname(path), "videos"), f"eval-{kind}") if args.capture_video else None
-    returns = evaluate(act, params, saved.env_id, args.eval_episodes, args.seed + 10_000, video)
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
-    if args.save_dataset:
-        save_dataset(args.save_dataset, act, params, dataclasses.replace(args, env_id=saved.env_id))
-    return returns
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoint and model files
-# ---------------------------------------------------------------------------------------------
-
-# A checkpoint or a model is one .npz (a zip of .npy arrays) read with allow_pickle=False: a
-# file someone shared can be refused, but loading it never runs code (pickle, which earlier
-# versions used, runs whatever the file tells it to). Member "meta.json" holds the format tag,
-# the flags and the counters as JSON; every other member is one array named by its place
-# ("train_state/actor_params/params/Dense_0/kernel", "replay/obs", ...). Every name, shape and dtype
-# is compared with what this script builds before any of it is used.
-META = "meta.json"
-
-
-def write_atomic(path: str, write: Callable) -> None:
-    """write(file) into a temp file in the same folder, fsync, then rename: a crash, a kill or
-    a full disk leaves the previous file whole."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+def write_atomic(path: str, write) -> None:
+    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
+    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:  # x: a file of its own, never one found there
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
-        raise
-    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(folder)  # so that the rename, not only the data, survives a power cut
+    except OSError as e:
+        raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
     finally:
-        os.close(folder)
+        with contextlib.suppress(OSError):  # gone already: renamed into place, or never made
+            os.remove(tmp)
 
 
-def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
-    write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+def save_npz(path: str, meta: dict, arrays: dict) -> None:
+    meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
 
 
-def save_checkpoint(run_dir: str, meta: dict, arrays: dict, step: int, previous: Optional[int], keep: int) -> None:
-    """RUN_DIR/checkpoint.npz is always the newest complete checkpoint (written atomically). With
-    --keep-checkpoints K > 1 the one it replaces, taken at step `previous`, stays as
-    checkpoint-<previous>.npz: a second name for the same file (a hard link, so no copy of a
-    replay of gigabytes), made before the new one is written; only once that is complete are the
-    oldest of those removed, so a crash at any point leaves the K newest complete checkpoints."""
+def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
+    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
+    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
     path = os.path.join(run_dir, "checkpoint.npz")
-    if keep > 1 and previous is not None and previous != step and os.path.isfile(path):
-        older = os.path.join(run_dir, f"checkpoint-{previous}.npz")
-        link = f"{older}.tmp.{os.getpid()}"
-        try:  # linked under a temp name, then renamed over any file of that name a crash left
-            os.link(path, link)
-            os.replace(link, older)
-        except OSError:  # a file system without hard links: a copy, itself written atomically
-            with open(path, "rb") as src:
-                write_atomic(older, lambda f: shutil.copyfileobj(src, f))
-    save_npz_atomic(path, meta, arrays)
-    kept = sorted(
-        (int(m.group(1)), m.group(0))
-        for m in map(re.compile(r"checkpoint-(\d+)\.npz").fullmatch, os.listdir(run_dir))
-        if m
-    )
-    for _, name in kept[: max(0, len(kept) - (keep - 1))]:
-        os.remove(os.path.join(run_dir, name))
-
-
-def read_json(path: str):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than Python recurses
-        raise ConfigError(f"{path} is not JSON") from None
+        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
+            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
+            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
+        save_npz(path, meta, arrays)
+        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
+        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
+        for old in kept[: max(0, len(kept) - keep + 1)]:
+            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
+    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
+        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
-    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, or a ConfigError."""
-    if os.path.isdir(path):
-        path = os.path.join(path, f"{kind}.npz")
-    if not os.path.isfile(path):
-        old = path[: -len(".npz")] + ".pkl"
-        hint = f" ({os.path.basename(old)} there is an earlier version's pickle; docs/reliability.md, 'Old .pkl files')"
-        raise ConfigError(f"no such file: {path}" + (hint if os.path.isfile(old) else ""))
+    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
+    path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
+    require(os.path.isfile(path), f"no such file: {path}")
     with open(path, "rb") as f:
-        if f.read(1) == b"\x80":  # pickle's PROTO opcode: a .pkl of an earlier version
-            raise ConfigError(
-                f"{path} is a pickle from an earlier version of {SCRIPT}.py; not loaded, "
-                "since unpickling can run any code; convert a model.pkl you trust with the project's "
-                "tools/convert_pkl.py (docs/reliability.md, 'Old .pkl files')"
-            )
+        old = f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)"
+        require(f.read(1) != b"\x80", old)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
-    except Exception as e:  # a cut-short zip, an object array, a member that is not .npy, ...
-        reason = f"{type(e).__name__}: {e}".splitlines()[0]
-        raise ConfigError(f"{path} is not a readable {kind} ({reason})") from None
-    strange = [name for name, value in arrays.items() if not isinstance(value, np.ndarray)]
-    if strange:  # np.load hands back a member that is not a .npy file as raw bytes
-        raise ConfigError(f"{path} is not a readable {kind} (member {strange[0]!r} is not an array)")
-    raw = arrays.pop(META, None)
-    try:
-        meta = json.loads(raw.tobytes()) if raw is not None and raw.dtype == np.uint8 else None
-    except (ValueError, RecursionError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("kind") != kind:
-        raise ConfigError(f"{path} is not a {kind} written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+        meta = json.loads(arrays.pop("meta.json").tobytes())
+    except Exception as e:  # a cut-short zip, an object array, no meta.json, ...
+        raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
+    require(all(isinstance(v, np.ndarray) for v in arrays.values()), f"{path} has a member that is not an array")
+    ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
+    require(ours, f"{path} is not a {kind} written by {SCRIPT}.py (format {FORMAT})")
     return meta, arrays
 
 
-def check_array(arrays: dict, name: str, shape: tuple, dtype, path: str, hint: str = "") -> np.ndarray:
+def checked_array(arrays: dict, name: str, shape: tuple, dtype, path: str) -> np.ndarray:
     got = arrays.get(name)
     if got is None or got.shape != tuple(shape) or got.dtype != np.dtype(dtype):
         found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
-        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}{hint}")
+        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}")
+    if np.issubdtype(got.dtype, np.floating):
+        require(np.isfinite(got).all(), f"{path}: {name} holds values that are not finite")
     return got
-
-
-def saved_count(meta: dict, name: str, path: str) -> int:
-    value = meta.get(name)
-    if type(value) is not int or value < 0:
-        raise ConfigError(f"{path}: {name} in meta.json is {value!r}, not a count")
-    return value
 
 
 def tree_arrays(prefix: str, tree) -> dict:
@@ -1685,319 +770,376 @@ def tree_arrays(prefix: str, tree) -> dict:
 
 
 def restore_tree(template, arrays: dict, prefix: str, path: str):
-    """The arrays named prefix* put into the structure of `template`, each checked for name,
-    shape and dtype, none left over."""
+    """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)
-    hint = " (written for other --hidden-sizes or another env?)"
-    leaves = [check_array(arrays, name, like.shape, like.dtype, path, hint) for name, like in wanted.items()]
+    leaves = [checked_array(arrays, name, like.shape, like.dtype, path) for name, like in wanted.items()]
     extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
-    if extra:
-        raise ConfigError(f"{path}: unexpected array {extra[0]}{hint}")
+    require(not extra, f"{path}: unexpected array {extra[0] if extra else ''} (other --hidden-sizes or env?)")
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
-def json_fits(value, hint) -> bool:
-    """Whether a value read from JSON has the type an Args field is annotated with."""
-    origin, params = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        return any(json_fits(value, h) for h in params)
-    if origin is typing.Literal:
-        return any(type(value) is type(p) and value == p for p in params)
-    if origin in (tuple, list):
-        return isinstance(value, list) and all(json_fits(v, params[0]) for v in value)
-    if hint is float:
-        return type(value) in (int, float)
-    return type(value) is (type(None) if hint is None else hint)
-
-
-def args_from_json(saved, path: str) -> Args:
-    """Flags read back from a file, each checked against its annotation (the file may be
-    hostile); flags this version does not know are ignored, missing ones take the default."""
-    if not isinstance(saved, dict):
-        raise ConfigError(f"{path}: no flags in it")
-    hints, defaults, values = typing.get_type_hints(Args), Args(), {}
-    for flag in dataclasses.fields(Args):
-        if flag.name not in saved:
-            continue
-        value = saved[flag.name]
-        if not json_fits(value, hints[flag.name]):
-            raise ConfigError(f"{path}: flag {flag.name} is {value!r}, not a {flag.type}")
-        if isinstance(getattr(defaults, flag.name), tuple):
-            value = tuple(value)
-        elif type(value) is int and json_fits(0.5, hints[flag.name]):
-            value = float(value)
-        values[flag.name] = value
-    args = Args(**values)
-    if ":" in (args.env_id or ""):  # gymnasium imports the module named before ':' when making the env
-        raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
-    check_args(args, packages=False)
+def args_from_json(saved, where: str = "") -> Args:
+    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
+    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
+    try:
+        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
+        message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
+        raise ConfigError(f"{where}: {message}" if where else message) from None
+    require(args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
+    require(
+        args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
+    )
+    require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
+    require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
     return args
 
 
-# ---------------------------------------------------------------------------------------------
-# Logging
-# ---------------------------------------------------------------------------------------------
+def json_value(value):
+    """numpy scalars and paths in Args built in Python: as JSON has them."""
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
-EVENT_FILES = itertools.count()  # tells apart the event files of one process and second
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
+    args = args_from_json(dataclasses.asdict(args))
+    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
+        try:
+            getattr(args, flag) and __import__(package)
+        except ImportError:
+            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    return args
+
+
+# ------------------------------------------------------------------------------------------ LOGGING
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own record writer (no torch, no TensorFlow), and
-    with args.track the same scalars, the flags and the eval videos in a Weights & Biases run."""
+    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
+    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
+    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
 
-    def __init__(self, run_dir: str, keep_until: Optional[int] = None, args: Optional[Args] = None):
+    def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        self._wandb = self._run = None
-        if args is not None and args.track:
-            import wandb  # optional: imported only with --track
+        self.event, self.summary, self.wandb = event_pb2.Event, summary_pb2.Summary, None
+        if args.track:
+            import wandb
 
-            name = os.path.basename(os.path.abspath(run_dir))
-            try:  # the W&B id is the run folder's name, so that --resume continues the same W&B run
-                self._wandb, self._run = (
-                    wandb,
-                    wandb.init(
-                        project=args.wandb_project_name,
-                        entity=args.wandb_entity,
-                        config=dataclasses.asdict(args),
-                        name=name,
-                        dir=run_dir,
-                        id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
-                        resume="allow",
-                    ),
+            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            try:
+                self.wandb = wandb.init(
+                    project=args.wandb_project_name,
+                    entity=args.wandb_entity,
+                    config=config,
+                    name=name,
+                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
+                    dir=run_dir,
+                    resume="allow",
                 )
-            except wandb.errors.Error as e:  # no login, a bad entity, ...: one line, not a traceback
-                raise ConfigError(f"--track: {str(e).splitlines()[0]} (or set WANDB_MODE=offline)") from None
-            self._run.define_metric("global_step")
-            self._run.define_metric("*", step_metric="global_step")
-        # tensorboard's own event format and record writer, written on this thread into a buffered
-        # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
-        # writer thread: at one event per episode, that thread's turns at the GIL cost about 12% of
-        # a CartPole run at CleanRL's settings (docs/benchmarks.md, Speed).
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
-        self._file = open(os.path.join(run_dir, name), "wb")
-        self._writer = RecordWriter(self._file)
-        self._write(file_version="brain.Event:2")
-        self._file.flush()  # the file's first event on disk at once, as tensorboard's writer does
-        self._eval_csv = os.path.join(run_dir, "eval.csv")
-        if keep_until is not None and os.path.exists(self._eval_csv):
-            # Evaluations logged after the checkpoint belong to steps that are about to be done
-            # again: drop them, so that eval.csv keeps one row per step.
-            with open(self._eval_csv, newline="") as f:
-                rows = list(csv.reader(f))
-            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= keep_until]
-            with open(self._eval_csv + ".tmp", "w", newline="") as f:
-                csv.writer(f).writerows(keep)
-            os.replace(self._eval_csv + ".tmp", self._eval_csv)
-
-    def _write(self, **fields) -> None:
-        self._writer.write(self._event(wall_time=time.time(), **fields).SerializeToString())
+            except wandb.errors.Error as e:
+                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
+            self.wandb.define_metric("*", step_metric="global_step")
+        name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
+        self.file = open(os.path.join(run_dir, name), "xb")
+        self.writer = RecordWriter(self.file)
+        self.writer.write(self.event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self.file.flush()
+        self.csv, rows = os.path.join(run_dir, "eval.csv"), ["step,mean,std,episodes\n"]
+        if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
+            with open(self.csv, errors="replace") as f:  # the folder's file: maybe not even text
+                steps = [(r, r.split(",")[0]) for r in f]
+            kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
+        write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
-        self._write(step=int(step), summary=summary)
-        if self._run is not None:
-            self._run.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
+        summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+        self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+        if self.wandb is not None:
+            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray, video: Optional[Tuple[str, str]] = None) -> None:
+    def eval(self, step: int, returns: np.ndarray, video: Optional[str] = None) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
-        new = not os.path.exists(self._eval_csv)
-        with open(self._eval_csv, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(["step", "mean", "std", "episodes"])
-            writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
-        if self._run is not None and video is not None and os.path.isfile(video_file(video)):
-            self._run.log({"videos/eval": self._wandb.Video(video_file(video), format="mp4"), "global_step": int(step)})
-
-    def flush(self) -> None:
-        self._file.flush()
+        with open(self.csv, "a") as f:
+            f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
+        if self.wandb is not None and video and os.path.isfile(video):
+            self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
-        self._file.close()
-        if self._run is not None:
-            self._run.finish()
-            self._run = None  # close() may come twice: after an error, then from finish()
+        self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
-class Console:
-    """The progress line. On a terminal, one line rewritten in place at every log tick: steps
-    done / total, env steps/s, the script's fields (last eval, loss) and the time left at the rate
-    since the loop started in this process. Elsewhere (a log file, CI) the plain line, exactly as
-    and when the caller passes it. end() closes the refreshing line before anything else prints."""
+def open_run_dir(args: Args) -> str:
+    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
+    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
+    run_dir = (
+        args.resume
+        or args.run_dir
+        or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    )
+    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
+    os.makedirs(run_dir, exist_ok=True)
+    require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
+    for folder, subfolders, files in os.walk(run_dir):
+        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links
+            subfolders.remove("wandb")
+        for name in subfolders + files:
+            require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+    for name in os.listdir(run_dir):
+        if ".tmp." in name and args.resume:
+            os.remove(os.path.join(run_dir, name))
+    return run_dir
 
-    # A few lines rather than tqdm or rich: the line carries this script's own fields (last eval,
-    # loss), the plain mode of logs must stay as it was, and a library would be a dependency for
-    # one line.
 
-    def __init__(self, total: int, done: int, unit: str):
-        self.total, self.unit, self.tty = total, unit, sys.stdout.isatty()
-        self.started, self.done_at_start = time.perf_counter(), done
-        self.open = False
+def sample_batches(replay: PrioritizedReplay, args: Args, sharding):
+    """On the prefetch thread: (batches[K, B, ...] on the device(s), slot indexes, write counts)."""
+    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
+    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
+    return jax.device_put(batch, sharding), indexes, stamps
 
-    def update(self, done: int, rate: float, fields: str, plain: Optional[str]) -> None:
-        if not self.tty:
-            if plain is not None:
-                print(plain, flush=True)
-            return
-        speed = (done - self.done_at_start) / max(time.perf_counter() - self.started, 1e-9)
-        left = round((self.total - done) / speed) if speed > 0 else None
-        eta = "?" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
-        sys.stdout.write(
-            f"\r{done}/{self.total} {self.unit} ({100 * done // self.total}%)  "
-            f"{rate:.0f} {self.unit}/s  {fields}  {eta} left\x1b[K"
+
+def write_priorities(replay: PrioritizedReplay, prioritized: bool, indexes, stamps, priorities, first_step: int):
+    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
+    priorities = np.asarray(priorities, np.float64)
+    finite = np.isfinite(priorities).all(axis=1)
+    if not finite.all():
+        raise RunFailed(
+            f"the learner diverged: non-finite TD error at SGD step {first_step + int(np.argmin(finite)) + 1}"
         )
-        sys.stdout.flush()
-        self.open = True
-
-    def end(self) -> None:
-        if self.open:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            self.open = False
+    if prioritized:  # with alpha = 0 a write changes nothing
+        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
 
-def write_curve(run_dir: str) -> Optional[str]:
-    """RUN_DIR/curve.png (written atomically): the evaluation returns over env steps from eval.csv
-    (mean, and a band of one std over the episodes) beside the training episodes' returns read back
-    from the run's tensorboard events. None, quietly, without matplotlib (an optional package)."""
+def next_multiple(step: int, every: int):
+    return (step // every + 1) * every if every else float("inf")
+
+
+# -------------------------------------------------------------------------------------------- TRAIN
+
+
+def train(args: Args, env_fn=None) -> dict:
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there);
+    env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
+    evaluation envs (default: make_env for --env-id). Returns a summary dict."""
+    args = check_args(args)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
+    shardings = learner_shardings(args)
+    env_fn = env_fn or functools.partial(make_env, args.env_id)
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        envs = env_fn(args.num_envs)
+        cleanup.callback(envs.close)
+        mode = envs.metadata.get("autoreset_mode")
+        require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
+        check_spaces(envs, args.env_id)
+        obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        low, high = envs.single_action_space.low, envs.single_action_space.high
+        nets = make_nets(args, action_dim)
+        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        state = init_train_state(nets, args, obs_dim, action_dim, init_key)
+        alpha = args.per_alpha if args.prioritized else 0.0
+        replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
+        nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
+        act, update = make_act(nets.actor), make_update(nets, args, action_dim)
+        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
+        if args.resume:
+            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, args.total_timesteps)
+        state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
+        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
+        cleanup.callback(logger.close)
+        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
+        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
+        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
+        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
+        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        cleanup.callback(writer.shutdown)
+        cleanup.callback(sampler.shutdown, cancel_futures=True)
+        ahead, writes, stopped = collections.deque(), collections.deque(), []
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+        metrics, last_eval = {}, "-"
+        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        sgd_done, act_params = int(state.sgd_steps), local_copy(state.actor_params)
+        next_log, next_eval, next_ckpt = (
+            next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
+        )
+        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
+
+        def checkpoint():
+            nonlocal saved_step, saved_time
+            while writes:
+                writes.popleft().result()  # the priorities of every update so far are in the replay
+            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
+            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
+            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
+            saved_step, saved_time = step, time.monotonic()
+
+        def evaluation(prefix: str):
+            nonlocal missed
+            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
+            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+            returns = evaluate(act, act_params, env_fn, args.eval_episodes, eval_seed, video, stopped)
+            if returns is not None:
+                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+            return returns
+
+        envs.action_space.seed(args.seed + step)
+        obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
+        if redo:  # the evaluation a signal cut short
+            evaluation("eval")
+        while step < args.total_timesteps and not stopped:
+            # ACT: uniformly random actions until learning starts, then samples of the policy
+            if step < args.learning_starts:
+                action = from_env_action(envs.action_space.sample(), low, high)
+            else:
+                action = np.asarray(act(act_params, obs, key, np.int32(step), deterministic=False))
+            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
+            done = terminated | truncated
+
+            # STORE: the n-step rows lead to the real final observation; only termination ends the
+            # return, a truncation bootstraps.
+            replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info), terminated, truncated))
+            obs, step = next_obs, step + args.num_envs
+            ep_return += reward
+            ep_length += 1
+            for i in np.flatnonzero(done):
+                episodes += 1
+                logger.scalars(step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]})
+                ep_return[i], ep_length[i] = 0.0, 0
+
+            # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
+            # the prefetch thread, priorities go back on the writer thread.
+            sgd_due = (step - args.learning_starts) // args.train_frequency
+            while not stopped and sgd_due - sgd_done >= args.updates_per_call:
+                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
+                replay.flush()
+                if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
+                    break
+                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
+                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))
+                t0 = time.perf_counter()
+                batches, indexes, stamps = ahead.popleft().result()
+                tick["wait"] += time.perf_counter() - t0
+                state, metrics, priorities = update(state, batches, key)
+                write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
+                writes.append(writer.submit(write_priorities, *write))
+                while writes and writes[0].done():
+                    writes.popleft().result()  # raises the writer's error, e.g. divergence
+                tick["learn"] += time.perf_counter() - t0
+                sgd_done += args.updates_per_call
+                act_params = local_copy(state.actor_params)
+
+            if step >= next_log:
+                next_log, last = next_multiple(step, args.log_every), tick
+                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+                sps = (step - last["step"]) / (tick["time"] - last["time"])
+                scalars = {"charts/SPS": sps, "replay/beta": replay.beta}
+                scalars["replay/priority_max"] = replay.max_priority()
+                scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
+                if last["learn"]:
+                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
+                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
+                logger.file.flush()
+                q_loss, alpha = (float(metrics.get(k, float("nan"))) for k in ("losses/qf_loss", "losses/alpha"))
+                line = f"SPS {sps:6.0f}  qf_loss {q_loss:.3f}  alpha {alpha:.3f}  episodes {episodes}  eval {last_eval}"
+                bar.update(step - bar.n)
+                bar.set_postfix_str(line, refresh=False)
+                if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
+                    print(f"step {step:>8d}  {line}", flush=True)
+            if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
+                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
+                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
+            minutes = (time.monotonic() - saved_time) / 60
+            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
+                next_ckpt = next_multiple(step, args.checkpoint_every)
+                checkpoint()
+        if saved_step != step:
+            checkpoint()
+        bar.close()  # before anything else prints
+        if not stopped:
+            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
+            returns = evaluation("final")
+        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
+            print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
+            return {"run_dir": run_dir, "global_step": step, "signal": stopped[0]}
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
+        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
+
+
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, total: int):
+    """(train state, key, global step, episodes) of RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
+    meta, arrays = load_npz(path, "checkpoint")
+    state = restore_tree(state, arrays, "train_state/", path)
+    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
+    step, episodes = meta.get("global_step"), meta.get("episodes")
+    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
+    replay.load_state_dict(arrays, path)
+    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+    note = f"; the schedules now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    rows = replay.buffer.get_stored_size()
+    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
+    return state, key, step, episodes, meta.get("eval_missed") is True
+
+
+def on_signal(stopped: list, signum, frame):
+    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second
+    signal interrupts at once."""
+    if stopped:
+        raise KeyboardInterrupt
+    stopped.append(signum)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv=None) -> Args:
+    """tyro's parse; --resume takes the run's own flags, and any flag typed here wins over them.
+    Where to write and what to send where come from here only."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    typed = tyro.cli(Args, args=argv)
+    if typed.resume is None:
+        return typed
+    path = os.path.join(typed.resume, "args.json")
+    require(os.path.isfile(path), f"--resume {typed.resume}: no args.json there (not a run folder of {SCRIPT}.py)")
     try:
-        import matplotlib  # noqa: F401  (first, so that a missing matplotlib is an ImportError here)
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util.tensor_util import make_ndarray
-
-    train_tag, x_label = "charts/episodic_return", "env steps"
-    with open(os.path.join(run_dir, "eval.csv"), newline="") as f:
-        rows = sorted((int(r["step"]), float(r["mean"]), float(r["std"])) for r in csv.DictReader(f))
-    train = []
-    for name in sorted(os.listdir(run_dir)):
-        if name.startswith("events.out.tfevents."):
-            for event in EventFileLoader(os.path.join(run_dir, name)).Load():  # scalars come back as tensors
-                train += [
-                    (event.step, make_ndarray(v.tensor).item()) for v in event.summary.value if v.tag == train_tag
-                ]
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    FigureCanvasAgg(fig)  # Agg, set on this figure only: pyplot's global backend is left alone
-    left, right = fig.subplots(1, 2)
-    if rows:
-        steps, mean, std = (np.array(column) for column in zip(*rows))
-        left.plot(steps, mean, marker="o")
-        left.fill_between(steps, mean - std, mean + std, alpha=0.25)
-    left.set(title="evaluation return (mean, band of one std)", xlabel=x_label, ylabel="return")
-    if train:
-        steps, values = zip(*sorted(train))
-        right.plot(steps, values, linewidth=0.8)
-    right.set(title=f"training episodes ({train_tag})", xlabel=x_label)
-    fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
-    path = os.path.join(run_dir, "curve.png")
-    try:
-        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    except RunFailed as e:  # a full disk: the run itself is finished and saved, so only say so
-        print(f"{SCRIPT}.py: {e}", file=sys.stderr)
-        return None
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line, resume and signals
-# ---------------------------------------------------------------------------------------------
-
-
-def given_flags(argv) -> frozenset:
-    """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
-    names, given = {f.name for f in dataclasses.fields(Args)}, set()
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            name = name[3:] if name not in names and name.startswith("no_") else name
-            given.add(name)
-    return frozenset(given & names)
-
-
-def typed(args: Args, given: Optional[frozenset]) -> frozenset:
-    """Flags that count as given: those typed (from cli), or for code that builds Args itself,
-    those that differ from their defaults."""
-    if given is not None:
-        return given
-    defaults = Args()
-    return frozenset(f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != getattr(defaults, f.name))
-
-
-def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
-    """For --resume: the run's saved flags, overridden by those typed here (e.g. a larger
-    --total-timesteps to extend the run; --preset's values count only where typed)."""
-    path = os.path.join(args.resume, "args.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
-    saved = read_json(path)
-    if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
-        raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
-    merged = args_from_json(saved.get("args"), path)
-    if "preset" in typed(args, given) and getattr(args, "preset", None) != getattr(merged, "preset", None):
-        raise ConfigError(f"--resume {args.resume}: --preset cannot change on resume (the run's values stay)")
-    merged = dataclasses.replace(merged, **{name: getattr(args, name) for name in typed(args, given)})
-    # What to do and where to write come from the command line only, never from the folder:
-    # a shared run folder's args.json must not pick files to overwrite.
-    local = {name: getattr(args, name) for name in ("eval_only", "load", "save_dataset") if hasattr(args, name)}
-    merged = dataclasses.replace(merged, resume=args.resume, run_dir=args.resume, **local)
-    return merged
-
-
-class StopRequest:
-    """SIGINT/SIGTERM set a flag that the loop checks between steps, so the last checkpoint is
-    taken from a consistent state; a second signal interrupts at once."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def main(args: Args, given: Optional[frozenset] = None) -> dict:
-    """Train (or evaluate with --eval-only). Returns a summary dict; errors raise ConfigError.
-    `given`: the flags typed on the command line (cli passes them; see typed())."""
-    if args.resume and not args.eval_only:
-        args = resolve_args(args, given)  # the run's flags and those typed here, checked together below
-    check_args(args)
-    # On CPU, jax's asynchronous dispatch hands every call to another thread; for the small
-    # per-step policy call that handoff costs more than the network.
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-    if args.eval_only:
-        returns = run_eval_only(args)
-        return {"eval_mean": float(returns.mean())}
-    return train(args)
+        with open(path, "rb") as f:
+            saved = json.loads(f.read())
+    except (ValueError, RecursionError):
+        raise ConfigError(f"{path} is not JSON") from None
+    require(
+        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
+    )
+    args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
+    local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
+    require(
+        ":" not in args.env_id or args.env_id == typed.env_id,
+        f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm",
+    )
+    return args
 
 
 def cli(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = tyro.cli(Args, args=argv)
     try:
-        result = main(args, given_flags(argv))
+        result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
-    except MemoryError:
-        print(f"{SCRIPT}.py: error: out of memory (a smaller --buffer-size or --hidden-sizes?)", file=sys.stderr)
+    except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
+        print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
     return 128 + result["signal"] if "signal" in result else 0
 

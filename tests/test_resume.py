@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 
 import numpy as np
 import optax
@@ -425,3 +426,42 @@ def test_dqn_resumed_run_goes_on_as_the_unbroken_one(stopped, tmp_path, monkeypa
     with open(os.path.join(tmp_path / "unbroken", "eval.csv")) as f:
         unbroken_evals = [line.split(",")[0] for line in f.read().splitlines()[1:]]
     assert resumed_evals == unbroken_evals == ["1000", "2000", "3000"]
+
+
+SMALL_RUNS = {
+    "dqn": (
+        "--hidden-sizes 16 --learning-starts 200 --batch-size 32 --buffer-size 5000 --updates-per-call 4 "
+        "--eval-episodes 2 --eval-every 1000 --total-timesteps 2000"
+    ).split(),
+    "sac": (
+        "--hidden-sizes 16 --learning-starts 256 --batch-size 64 --buffer-size 5000 --updates-per-call 4 "
+        "--eval-episodes 2 --eval-every 300 --total-timesteps 600"
+    ).split(),
+    "bc": (
+        "--hidden-sizes 16 --batch-size 64 --updates-per-call 10 --eval-episodes 2 --eval-every 100 --total-updates 200"
+    ).split(),
+}
+
+
+@pytest.mark.parametrize("script", list(MODULES))
+def test_an_evaluation_a_signal_cuts_short_is_redone_on_resume(script, tmp_path, monkeypatch):
+    """SIGTERM during the evaluation midway: the run checkpoints at once, and the resumed run
+    evaluates that step first, so eval.csv has every row (before: the row was lost for good)."""
+    module, real, calls = MODULES[script], MODULES[script].evaluate, []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # the first evaluation of the run, midway
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler train() set takes it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "evaluate", signalled)
+    run_dir = str(tmp_path / "run")
+    result = module.train(module.parse_args(SMALL_RUNS[script] + ["--run-dir", run_dir]))
+    assert result.get("signal") == signal.SIGTERM
+    monkeypatch.setattr(module, "evaluate", real)
+    module.train(module.parse_args(["--resume", run_dir]))
+    with open(os.path.join(run_dir, "eval.csv")) as f:
+        steps = [int(row.split(",")[0]) for row in f.read().splitlines()[1:]]
+    every = int(SMALL_RUNS[script][SMALL_RUNS[script].index("--eval-every") + 1])
+    assert steps == [every, 2 * every], steps

@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     except bc.ConfigError as e:
         print(f"bc_evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except (OSError, MemoryError) as e:  # a file it may not read, a folder it may not write, ...
+        print(f"bc_evaluate.py: error: {str(e) or 'out of memory'}", file=sys.stderr)
+        return 1
     score = bc.normalized_score(returns, meta.get("ref_min"), meta.get("ref_max"))
     print(
         f"eval {meta['env_id']}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes, "

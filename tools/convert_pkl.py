@@ -6,7 +6,7 @@ Only for a file you trust: this is the one place in the project that unpickles, 
 runs whatever code the file holds. The scripts themselves refuse .pkl files. The parameters are
 checked against the network the script builds for the file's flags (count, shape, dtype of each
 leaf) and written with the script's own writer, so the result loads as the script's own model.npz
-(DQN: tools/dqn_evaluate.py runs/<run>; SAC and BC: --eval-only --load).
+(DQN: tools/dqn_evaluate.py runs/<run>; BC: tools/bc_evaluate.py; SAC: --eval-only --load).
 
 Old checkpoint.pkl files are not converted: their replay and optimiser state are tied to the
 code that wrote them. Convert the run's model.pkl, or retrain.

@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     except dqn.ConfigError as e:
         print(f"dqn_evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except (OSError, MemoryError) as e:  # a file it may not read, a folder it may not write, ...
+        print(f"dqn_evaluate.py: error: {str(e) or 'out of memory'}", file=sys.stderr)
+        return 1
     print(
         f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} "
         f"over {len(returns)} episodes (epsilon {epsilon})"
