@@ -1093,6 +1093,7 @@ def train(args: Args) -> dict:
                 checkpoint()
         if saved_step != step:
             checkpoint()
+        bar.update(step - bar.n)  # the steps after the last log tick
         bar.close()  # before anything else prints
         if not stopped:
             arrays = {**tree_arrays("params/", state.params), **stats_arrays}

@@ -1135,6 +1135,7 @@ def train(args: Args, env_fn=None) -> dict:
                 checkpoint()
         if saved_step != step:
             checkpoint()
+        bar.update(step - bar.n)  # the steps after the last log tick
         bar.close()  # before anything else prints
         if not stopped:
             save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))

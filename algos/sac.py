@@ -637,12 +637,11 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
 
 
 def check_spaces(envs, env_id: str) -> None:
+    """SAC's spaces: bounded Box actions, vector observations."""
     space, obs_space = envs.single_action_space, envs.single_observation_space
-    discrete = "use algos/dqn_prioritized.py for discrete actions"
-    require(
-        isinstance(space, gym.spaces.Box),
-        f"{env_id} has a {type(space).__name__} action space; SAC needs a Box ({discrete})",
-    )
+    kind = f"{env_id} has a {type(space).__name__} action space"
+    box = "SAC needs a Box action space (algos/dqn_prioritized.py takes discrete actions)"
+    require(isinstance(space, gym.spaces.Box), f"{kind}; {box}")
     bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
     require(bounded, f"{env_id} has unbounded actions {space}; SAC's tanh policy needs finite bounds")
     vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
@@ -1065,6 +1064,7 @@ def train(args: Args, env_fn=None) -> dict:
                 checkpoint()
         if saved_step != step:
             checkpoint()
+        bar.update(step - bar.n)  # the steps after the last log tick
         bar.close()  # before anything else prints
         if not stopped:
             save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))

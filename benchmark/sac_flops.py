@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=None)
     cli = parser.parse_args()
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as sac.main does
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # as sac.train does
     args = sac.Args(env_id=cli.env_id)
     envs = sac.make_env(args.env_id, 1)
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]

@@ -18,6 +18,16 @@ def load_script(name: str):
     return module
 
 
+def load_tool(name: str):
+    """Import tools/<name>.py (the script it imports is the one load_script registered)."""
+    if os.path.join(ROOT, "tools") not in sys.path:  # the tools import each other
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def import_in_fresh_process(name: str):
     """Import algos/<name>.py in a new interpreter and report whether that had side effects:
     files created in the working folder, a jax backend initialised, jax config changed."""

@@ -78,11 +78,8 @@ def learner(mod, name: str, num_devices: int):
 
 
 def sample_batches(mod, name: str, replay, sharding=None):
-    """One call's batches as the prefetch thread makes them (dqn_prioritized.py and bc_offline.py
-    read B and K from their Args)."""
-    if name in ("dqn_prioritized", "bc_offline"):
-        return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
-    return mod.sample_batches(replay, B, K, sharding)
+    """One call's batches as the prefetch thread makes them (B and K from the script's Args)."""
+    return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
 
 
 def command_line(flags: dict) -> list:
@@ -165,10 +162,7 @@ def run_mode(name: str, folder: str) -> dict:
         flags = {**base, budgets[0]: budget, "num_devices": devices}
         if results:
             flags["resume"] = run_dir
-        if name in ("dqn_prioritized", "bc_offline"):  # all typed, as on a command line
-            result = mod.train(mod.parse_args(command_line(flags)))
-        else:
-            result = mod.main(mod.Args(**flags), frozenset(flags))  # all typed, as on a command line
+        result = mod.train(mod.parse_args(command_line(flags)))  # all typed, as on a command line
         meta = json.loads(np.load(os.path.join(run_dir, "checkpoint.npz"))["meta.json"].tobytes())
         results.append(
             {

@@ -1,7 +1,6 @@
 """BC: dataset readers (D4RL HDF5, Minari folder, npz), trajectory split and top fraction, the
 writers' files, normalisation saved and restored, losses, bad input, import hygiene."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, import_in_fresh_process, load_script
+from helpers import ROOT, import_in_fresh_process, load_script, load_tool
 
 bc = load_script("bc_offline")
 SCRIPT = os.path.join(ROOT, "algos", "bc_offline.py")
@@ -31,16 +30,6 @@ FAST = [
     "--log-every",
     "100",
 ]
-
-
-def load_tool(name: str):
-    """Import tools/<name>.py (the DQN script it imports is the one load_script registered)."""
-    if os.path.join(ROOT, "tools") not in sys.path:  # the tools import each other
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def episodes_data(rng, lengths, obs_dim=3, action_dim=1, terminal_last=(True,)):

@@ -53,10 +53,8 @@ def run(script, run_dir, budget, **flags):
     mod = MODULES[script]
     unit = "total_updates" if script == "bc_offline" else "total_timesteps"
     flags = {**SMALL[script], unit: budget, "run_dir": str(run_dir), **flags}
-    if script in ("dqn_prioritized", "bc_offline"):  # no main(): train(parse_args(...)), which also does --resume
-        resume = flags.pop("resume", None)
-        return mod.train(mod.parse_args((["--resume", resume] if resume else []) + as_argv(flags)))
-    return mod.main(mod.Args(**flags), frozenset(flags))
+    resume = flags.pop("resume", None)  # train(parse_args(...)), which also does --resume
+    return mod.train(mod.parse_args((["--resume", resume] if resume else []) + as_argv(flags)))
 
 
 def step_of(script, path) -> int:
@@ -121,7 +119,6 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
         checkpoint_every=0,
         checkpoint_minutes=0.0005,
         keep_checkpoints=1000,
-        **({} if script in ("bc_offline", "dqn_prioritized") else {"checkpoint_replay": False}),  # DQN: always
     )
     steps = kept(tmp_path)
     assert len(steps) >= 2 and all(0 < s < budget for s in steps), steps
@@ -130,43 +127,34 @@ def test_checkpoint_minutes_take_checkpoints_without_a_step_period(script, tmp_p
 
 
 @pytest.mark.parametrize("script", list(MODULES))
-def test_kept_checkpoints_of_an_earlier_run_do_not_mix_with_a_fresh_one(script, tmp_path):
-    """A fresh run (no --resume) in a folder that holds another run's kept checkpoints starts
-    clean: its own kept files only, each of its own step; and each kept file evaluates. DQN and BC
-    refuse such a folder instead (issues 26, 27): nothing of the earlier run is touched, and each
-    kept file evaluates with the script's tool."""
+def test_a_fresh_run_refuses_a_folder_holding_an_earlier_runs_checkpoints(script, tmp_path):
+    """A fresh run (no --resume) into a folder that holds another run's kept checkpoints is refused
+    (issues 26, 27): nothing of the earlier run is touched, and each kept file evaluates with the
+    script's tool."""
     every = 50 if script == "bc_offline" else 100
     run(script, tmp_path, 6 * every, checkpoint_every=every, keep_checkpoints=3)
     assert kept(tmp_path) == [4 * every, 5 * every]
-    if script in ("dqn_prioritized", "bc_offline"):
-        dqn, tool = MODULES[script], "dqn_evaluate.py" if script == "dqn_prioritized" else "bc_evaluate.py"
-        before = {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)}
-        with pytest.raises(dqn.ConfigError, match="is not empty"):
-            run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
-        assert {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)} == before
-        for step in (4 * every, 5 * every):
-            assert step_of(script, tmp_path / f"checkpoint-{step}.npz") == step
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    os.path.join(ROOT, "tools", tool),
-                    str(tmp_path / f"checkpoint-{step}.npz"),
-                ]
-                + ["--episodes", "1"],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert out.returncode == 0 and "over 1 episodes" in out.stdout, out.stderr
-            assert np.isfinite(float(out.stdout.split(":")[1].split("+-")[0]))
-        return
-    run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
-    assert kept(tmp_path) == [every, 2 * every]
-    for step in (every, 2 * every):
+    mod, tool = MODULES[script], {"dqn_prioritized": "dqn", "sac": "sac", "bc_offline": "bc"}[script] + "_evaluate.py"
+    before = {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)}
+    with pytest.raises(mod.ConfigError, match="is not empty"):
+        run(script, tmp_path, 3 * every, checkpoint_every=every, keep_checkpoints=3, seed=2)
+    assert {n: (tmp_path / n).stat().st_mtime_ns for n in os.listdir(tmp_path)} == before
+    for step in (4 * every, 5 * every):
         assert step_of(script, tmp_path / f"checkpoint-{step}.npz") == step
-    mod = MODULES[script]
-    flags = dict(eval_only=True, load=str(tmp_path / f"checkpoint-{every}.npz"), eval_episodes=1)
-    assert np.isfinite(mod.main(mod.Args(**flags), frozenset(flags))["eval_mean"])
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "tools", tool),
+                str(tmp_path / f"checkpoint-{step}.npz"),
+                "--episodes",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0 and "over 1 episodes" in out.stdout, out.stderr
+        assert np.isfinite(float(out.stdout.split(":")[1].split("+-")[0]))
 
 
 def test_dqn_resume_after_a_kill_between_link_and_rename(tmp_path):

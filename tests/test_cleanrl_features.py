@@ -1,12 +1,10 @@
-"""What CleanRL users reach for: --capture-video, --track (Weights & Biases), the progress line
-and curve.png, in all three scripts. (dqn_prioritized.py and bc_offline.py leave curve.png to
-tools/plot_run.py, an evaluation of a saved model to tools/dqn_evaluate.py and bc_evaluate.py, and
-draw their progress bar with tqdm.)"""
+"""What CleanRL users reach for: --capture-video, --track (Weights & Biases), the progress bar
+(tqdm) and curve.png (tools/plot_run.py), in all three scripts; an evaluation of a saved model is
+tools/<script>_evaluate.py's."""
 
 import csv
 import functools
 import glob
-import importlib.util
 import io
 import json
 import os
@@ -19,7 +17,7 @@ import imageio.v3 as iio
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import ROOT, load_script
+from helpers import ROOT, load_script, load_tool
 
 dqn = load_script("dqn_prioritized")
 sac = load_script("sac")
@@ -110,14 +108,6 @@ class Terminal(io.StringIO):
         return True
 
 
-def load_tool(name):
-    """tools/<name>.py as a module (its main() and functions, without a new interpreter)."""
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def plot_run(run_dir):
     """tools/plot_run.py RUN_DIR, as a user runs it."""
     return subprocess.run(
@@ -160,8 +150,7 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     run_dir = str(tmp_path / "run")
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
-    if name in ("dqn", "bc"):  # tqdm writes to stderr, and asks its isatty() when the bar is made
-        monkeypatch.setattr(sys, "stderr", terminal)  # one terminal shows both streams
+    monkeypatch.setattr(sys, "stderr", terminal)  # tqdm writes to stderr: one terminal shows both streams
     assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
     monkeypatch.undo()
     # One video per evaluation plus the final one, each a readable MP4 of the env's frames.
@@ -171,31 +160,28 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
         frames = video_frames(os.path.join(run_dir, "videos", video))
         assert len(frames) > 10 and frames[0].shape == render_size
     out = terminal.getvalue()
-    if name in ("dqn", "bc"):
-        # tqdm's bar rewrites itself in place: steps done of the total, and the plain line's
-        # fields as its postfix; the plain line itself is not printed on a terminal.
-        total, unit = ("2000", "step") if name == "dqn" else ("200", "update")
-        bars = list(re.finditer(r"\r *(\d+)%\|[^|\r\n]*\| (\d+)/" + total + r" \[([^\]\r\n]*)\]", out))
-        assert len(bars) > 1 and bars[-1].group(1, 2) == ("100", total), out
-        fields = (
-            r", SPS +\d+  loss \S+  episodes \d+  eval \S+$" if name == "dqn" else r", updates/s +\d+  loss \S+  eval "
-        )
-        assert re.search(fields, bars[-1].group(3)), out
-        assert not re.search(f"^{unit} +\\d+", out, re.M), out
-        # The bar is ended (its last draw closed by a newline) before the final message, which
-        # starts a line of its own, and is not drawn again under it.
-        final_at = out.index(final)
-        assert out[bars[-1].end()] == "\n" and bars[-1].end() < final_at, out
-        assert out[final_at - 1] == "\n", out
-        # curve.png is tools/plot_run.py's, not the run's.
-        assert not os.path.exists(os.path.join(run_dir, "curve.png"))
-        plotted = plot_run(run_dir)
-        assert plotted.returncode == 0, plotted.stderr[-2000:]
-        assert plotted.stdout.strip() == os.path.join(run_dir, "curve.png")
-    else:
-        # The progress line rewrites itself in place, and is ended before the final message.
-        assert "\r" in out and "\x1b[K" in out and " left" in out
-        assert re.search(r"\r[^\n]* left\x1b\[K\n" + final, out), out
+    # tqdm's bar rewrites itself in place: steps done of the total, and the plain line's fields as
+    # its postfix; the plain line itself is not printed on a terminal.
+    total, unit, fields = {
+        "dqn": ("2000", "step", r", SPS +\d+  loss \S+  episodes \d+  eval \S+$"),
+        "sac": ("600", "step", r", SPS +\d+  qf_loss \S+  alpha \S+  episodes \d+  eval \S+$"),
+        "bc": ("200", "update", r", updates/s +\d+  loss \S+  eval "),
+    }[name]
+    bars = list(re.finditer(r"\r *(\d+)%\|[^|\r\n]*\| (\d+)/" + total + r" \[([^\]\r\n]*)\]", out))
+    assert len(bars) > 1 and bars[-1].group(1, 2) == ("100", total), out
+    assert re.search(fields, bars[-1].group(3)), out
+    assert not re.search(f"^{unit} +\\d+", out, re.M), out
+    # The bar is ended (its last draw closed by a newline) before the final message, which starts a
+    # line of its own, and is not drawn again under it.
+    final_at = out.index(final)
+    # (tqdm pads a draw shorter than the one before with spaces)
+    assert out[bars[-1].end() : final_at].strip(" ") == "\n", out
+    assert out[final_at - 1] == "\n", out
+    # curve.png is tools/plot_run.py's, not the run's.
+    assert not os.path.exists(os.path.join(run_dir, "curve.png"))
+    plotted = plot_run(run_dir)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert plotted.stdout.strip() == os.path.join(run_dir, "curve.png")
     # curve.png is an image.
     import matplotlib.image
 
@@ -225,21 +211,6 @@ def test_plain_log_without_matplotlib_no_curve_and_an_evaluation_filmed_by_the_t
     assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-episode-0.mp4"]
     frames = video_frames(os.path.join(run_dir, "videos", "eval-episode-0.mp4"))
     assert len(frames) > 10 and frames[0].shape == (400, 600, 3)
-
-
-@pytest.mark.parametrize("name", ["sac"])
-def test_curve_without_matplotlib_is_skipped_quietly(name, tmp_path, monkeypatch, capsys):
-    """SAC's runs write their own curve.png (dqn_prioritized.py, bc_offline.py: tools/plot_run.py);
-    without matplotlib, an optional package, the call the run makes returns None and says nothing."""
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    module = RUNS[name][0]
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "eval.csv").write_text("step,mean,std,episodes\n100,1.0,0.5,2\n200,2.0,0.5,2\n")
-    assert module.write_curve(str(run_dir)) is None
-    captured = capsys.readouterr()
-    assert captured.out == captured.err == ""
-    assert sorted(os.listdir(run_dir)) == ["eval.csv"]  # no curve.png, no temp file
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -380,19 +351,6 @@ def run_on_a_full_disk(tmp_path, monkeypatch, module):
 
     monkeypatch.setattr(module.os, "replace", full)
     return run_dir
-
-
-@pytest.mark.parametrize("name", ["sac"])
-def test_curve_on_a_full_disk_is_one_line_and_leaves_no_temp_file(name, tmp_path, monkeypatch, capsys):
-    """curve.png goes through the script's write_atomic: a failed write says so in one line and
-    the finished run is not failed by it. (dqn_prioritized.py and bc_offline.py write no curve.png:
-    the next test.)"""
-    module = RUNS[name][0]
-    run_dir = run_on_a_full_disk(tmp_path, monkeypatch, module)
-    assert module.write_curve(str(run_dir)) is None
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "No space left on device" in err and "curve.png" in err, err
-    assert not glob.glob(str(run_dir / "*.tmp.*")) and not (run_dir / "curve.png").exists()
 
 
 def test_plot_run_on_a_full_disk_fails_and_leaves_no_temp_file(tmp_path, monkeypatch):

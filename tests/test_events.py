@@ -108,17 +108,17 @@ def test_logger_writes_what_tensorboard_reads(script, tmp_path):
     first event is on disk at once, scalars and evaluations read back after flush(), a second
     Logger in the same folder (a resume) writes a second file that sorts after the first, close()
     writes out what came after the last flush, and may come twice (after an error, then from
-    finish()). dqn_prioritized.py's and bc_offline.py's Logger take the run's Args (its --track) and
-    have no flush(): the loop flushes its buffered file."""
+    finish()). The Logger of dqn_prioritized.py, sac.py and bc_offline.py takes the run's Args (its
+    --track) and has no flush(): the loop flushes its buffered file."""
     module = load_script(script)
 
     def new_logger():
-        if script in ("dqn_prioritized", "bc_offline"):
+        if script != "apex_dqn":
             return module.Logger(str(tmp_path), module.Args())
         return module.Logger(str(tmp_path))
 
     logger = new_logger()
-    flush = logger.file.flush if script in ("dqn_prioritized", "bc_offline") else logger.flush
+    flush = logger.file.flush if script != "apex_dqn" else logger.flush
     assert events(str(tmp_path)).file_version == 2.0  # before anything is flushed by hand
     logger.scalars(100, {"charts/SPS": 12.5, "losses/td_loss": 0.25})
     returns = np.array([1.0, 3.0])

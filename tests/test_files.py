@@ -17,7 +17,7 @@ from helpers import ROOT, load_script
 
 dqn, sac, bc = (load_script(n) for n in ("dqn_prioritized", "sac", "bc_offline"))
 MODULES = {"dqn": dqn, "sac": sac, "bc": bc}
-TOOLS = {"dqn": os.path.join(ROOT, "tools", "dqn_evaluate.py"), "bc": os.path.join(ROOT, "tools", "bc_evaluate.py")}
+TOOLS = {name: os.path.join(ROOT, "tools", f"{name}_evaluate.py") for name in ("dqn", "sac", "bc")}
 # DQN's and SAC's small run
 ONLINE = (
     "--hidden-sizes 16 --learning-starts 100 --batch-size 16 --buffer-size 1000 "
@@ -108,10 +108,8 @@ def evaluation_refused(script, path, *words):
 
 
 def saver(module):
-    """(the writer of .npz files, the format tag): DQN's and BC's are save_npz and FORMAT."""
-    if module in (dqn, bc):
-        return module.save_npz, module.FORMAT
-    return module.save_npz_atomic, module.CHECKPOINT_FORMAT
+    """(the writer of .npz files, the format tag)."""
+    return module.save_npz, module.FORMAT
 
 
 # --- what a hostile or damaged file can be --------------------------------------------------
@@ -406,7 +404,7 @@ def test_bc_model_for_another_env_is_refused(runs, tmp_path, capsys):
 @pytest.mark.parametrize("script", list(MODULES))
 def test_writer_and_reader_round_trip_a_train_state(script, tmp_path):
     """A state built here (random values, the optimiser's int counters) goes through
-    tree_arrays + save_npz_atomic and comes back through load_npz + restore_tree bit for bit."""
+    tree_arrays + save_npz and comes back through load_npz + restore_tree bit for bit."""
     import jax
     import optax
 
@@ -542,15 +540,13 @@ def test_args_json_does_not_choose_files_to_write(script, runs, tmp_path, capsys
     target.parent.mkdir()
     saved = json.loads(open(os.path.join(run_dir, "args.json")).read())
     saved["args"]["save_dataset"] = str(target)
-    if script == "dqn":
-        saved["args"]["run_dir"] = saved["args"]["resume"] = str(target.parent)
+    saved["args"]["run_dir"] = saved["args"]["resume"] = str(target.parent)
     with open(os.path.join(run_dir, "args.json"), "w") as f:
         json.dump(saved, f)
     assert MODULES[script].cli(["--resume", run_dir, "--total-timesteps", "400"]) == 0
     assert not target.exists()
     assert os.listdir(target.parent) == []
-    if script == "dqn":
-        assert dqn.load_npz(run_dir, "checkpoint")[0]["global_step"] == 400  # it went on in its own folder
+    assert MODULES[script].load_npz(run_dir, "checkpoint")[0]["global_step"] == 400  # it went on in its own folder
 
 
 @pytest.mark.parametrize("script", list(MODULES))

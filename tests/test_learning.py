@@ -26,7 +26,7 @@ def test_dqn_default_run_solves_cartpole(tmp_path):
 
 def test_sac_default_run_reaches_pendulum_threshold(tmp_path):
     sac = load_script("sac")
-    result = sac.main(sac.Args(seed=1, run_dir=str(tmp_path / "sac")))
+    result = sac.train(sac.Args(seed=1, run_dir=str(tmp_path / "sac")))
     assert result["global_step"] <= 20_000
     assert result["eval_mean"] >= -200, result
 

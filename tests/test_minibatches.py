@@ -4,7 +4,7 @@ minibatch row land on the slot that row came from.
 
 The batches are taken from each script's own `sample_batches` (what its prefetch thread runs),
 with rows that carry their slot number in obs[:, 0], and the priorities go back through its
-writer (dqn_prioritized.py, bc_offline.py: `write_priorities` on a thread pool, as train() runs it). Weights
+writer (`write_priorities` on a thread pool, as train() runs it). Weights
 and priorities are checked against each row's own slot, not only the indexes the script reports.
 cpprb's sampler cannot be seeded, so each statistical threshold sits many standard errors away
 from the value it checks while the sampling bug this guards against (issue 11: one K*B stratified
@@ -44,11 +44,8 @@ class Replay:
 
     def call(self, batch_size: int, num_batches: int):
         """(batches[K, B] as numpy, indexes[K * B], stamps or None) from the script's sample_batches."""
-        if self.name in ("dqn_prioritized", "bc_offline"):  # sample_batches(replay, args, sharding), as train() does
-            args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)
-            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
-        else:
-            out = self.mod.sample_batches(self.replay, batch_size, num_batches)
+        args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)  # as train() calls it
+        out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
         return batches, out[1], (out[2] if len(out) == 3 else None)
 
@@ -61,18 +58,9 @@ class Replay:
 
     def write_back(self, indexes, stamps, priorities) -> None:
         """priorities[K, B] through the script's writer thread, waited for."""
-        if self.name in ("dqn_prioritized", "bc_offline"):  # write_priorities on a one-thread pool, as train() does
-            rows = (indexes, priorities) if stamps is None else (indexes, stamps, priorities)  # BC's never go stale
-            with concurrent.futures.ThreadPoolExecutor(1) as writer:
-                writer.submit(self.mod.write_priorities, self.replay, True, *rows, 0).result()
-            return
-        writer = self.mod.PriorityWriter(self.replay)
-        if stamps is None:
-            writer.submit(indexes, priorities, 0)
-        else:
-            writer.submit(indexes, stamps, priorities, 0)
-        writer.flush()
-        writer.close()
+        rows = (indexes, priorities) if stamps is None else (indexes, stamps, priorities)  # BC's never go stale
+        with concurrent.futures.ThreadPoolExecutor(1) as writer:  # write_priorities on a pool, as train() runs it
+            writer.submit(self.mod.write_priorities, self.replay, True, *rows, 0).result()
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:

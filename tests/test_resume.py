@@ -1,8 +1,7 @@
 """Resume correctness (issue 12): flags typed on the command line win (also when set back to
-their default), --preset does not overwrite a run's own flags, and (SAC) a resume without the
-replay waits for learning_starts fresh rows instead of sampling an empty buffer. DQN (issue 26):
-what to send where comes from the command line only, a resume restores exactly what was saved,
-and the resumed run goes on as the unbroken one would have."""
+their default), --preset does not overwrite a run's own flags; what to send where comes from the
+command line only, a resume restores exactly what was saved, the resumed run goes on as the
+unbroken one would have (DQN), and an evaluation a signal cut short is redone."""
 
 import dataclasses
 import json
@@ -28,9 +27,7 @@ def fake_run(tmp_path, module, **flags):
 
 
 def resumed(module, argv):
-    if module in (dqn, bc):  # parse_args does --resume itself: the run's flags as defaults, typed ones win
-        return module.parse_args(argv)
-    return module.resolve_args(module.tyro.cli(module.Args, args=argv), module.given_flags(argv))
+    return module.parse_args(argv)  # the run's flags as defaults, typed ones win
 
 
 @pytest.mark.parametrize("script", list(MODULES))
@@ -73,32 +70,6 @@ def test_dqn_code_resumes_through_parse_args(tmp_path):
     args = dqn.parse_args(["--resume", run, "--total-timesteps=123456"])
     assert args.total_timesteps == 123_456 and args.batch_size == 64
     assert args.resume == run and args.run_dir == run  # writes into the run's own folder
-
-
-def test_sac_resume_without_replay_waits_for_learning_starts(tmp_path):
-    run_dir = str(tmp_path / "run")
-    fast = [
-        "--hidden-sizes",
-        "16",
-        "--learning-starts",
-        "100",
-        "--batch-size",
-        "16",
-        "--buffer-size",
-        "2000",
-        "--updates-per-call",
-        "4",
-        "--eval-episodes",
-        "1",
-        "--eval-every",
-        "100000",
-    ]
-    assert sac.cli(fast + ["--total-timesteps", "403", "--no-checkpoint-replay", "--run-dir", run_dir]) == 0
-    _, arrays = sac.load_npz(run_dir, "checkpoint")
-    assert int(arrays["train_state/sgd_steps"]) == 300  # 303 due, 3 pending
-    assert sac.cli(["--resume", run_dir, "--total-timesteps", "800"]) == 0
-    _, arrays = sac.load_npz(run_dir, "checkpoint")
-    assert int(arrays["train_state/sgd_steps"]) == 300 + (800 - 503) // 4 * 4
 
 
 def test_bc_runs_every_update_asked_for(tmp_path):
@@ -177,10 +148,7 @@ def test_typed_flags_are_checked_with_the_runs_own(script, tmp_path, capsys):
     run = fake_run(tmp_path, module, batch_size=16, learning_starts=100)
     capsys.readouterr()
     assert module.cli(["--resume", run, "--batch-size", "500"]) == 2
-    if script == "dqn":  # its message names the flags only
-        assert "--learning-starts must be at least --batch-size" in capsys.readouterr().err
-    else:
-        assert "--learning-starts 100 must be at least --batch-size 500" in capsys.readouterr().err
+    assert "--learning-starts must be at least --batch-size" in capsys.readouterr().err
     assert module.cli(["--resume", run, "--learning-starts", "50"]) == 2  # accepted; then no checkpoint
     err = capsys.readouterr().err
     assert "no such file" in err and "batch" not in err

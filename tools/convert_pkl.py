@@ -6,7 +6,7 @@ Only for a file you trust: this is the one place in the project that unpickles, 
 runs whatever code the file holds. The scripts themselves refuse .pkl files. The parameters are
 checked against the network the script builds for the file's flags (count, shape, dtype of each
 leaf) and written with the script's own writer, so the result loads as the script's own model.npz
-(DQN: tools/dqn_evaluate.py runs/<run>; BC: tools/bc_evaluate.py; SAC: --eval-only --load).
+(python tools/<script>_evaluate.py runs/<run>).
 
 Old checkpoint.pkl files are not converted: their replay and optimiser state are tied to the
 code that wrote them. Convert the run's model.pkl, or retrain.
@@ -45,7 +45,9 @@ def template_params(m, old: dict, args):
         network = m.QNetwork(n, args.hidden_sizes, planes=m.is_planes(space))
         return network.init(key, jnp.zeros((1,) + space.shape, jnp.float32)), {}
     if m.SCRIPT == "sac":
-        obs_dim, action_dim = m.env_dims(args.env_id)
+        envs = m.make_env(args.env_id, 1)
+        obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        envs.close()
         return m.Actor(action_dim, args.hidden_sizes).init(key, jnp.zeros((1, obs_dim))), {}
     mean, std = (np.asarray(old[k], np.float32) for k in ("obs_mean", "obs_std"))
     policy = m.Policy(int(old["out_dim"]), args.hidden_sizes, old["mode"] == "nll")
@@ -75,18 +77,15 @@ def convert(path: str) -> str:
     if len(saved) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(saved, leaves)):
         raise SystemExit(f"{path}: its parameters do not fit the network {script}.py builds for its flags")
     params = jax.tree_util.tree_unflatten(treedef, saved)
-    if script != "sac":  # its flags as the script writes them (an old file's removed ones dropped)
-        flags = json.loads(json.dumps(m.dataclasses.asdict(args)))
-    fmt = m.CHECKPOINT_FORMAT if script == "sac" else m.FORMAT
-    meta = {"format": fmt, "script": m.SCRIPT, "kind": "model", "args": flags}
+    flags = json.loads(json.dumps(m.dataclasses.asdict(args)))  # as the script writes them (removed ones dropped)
+    meta = {"format": m.FORMAT, "script": m.SCRIPT, "kind": "model", "args": flags}
     if script == "bc_offline":
         meta.update({k: old.get(k) for k in ("env_id", "mode", "out_dim", "ref_min", "ref_max")})
         meta["out_dim"] = int(meta["out_dim"])
         for k in ("ref_min", "ref_max"):
             meta[k] = None if meta[k] is None else float(meta[k])
     out = os.path.splitext(path)[0] + ".npz"
-    save = m.save_npz_atomic if script == "sac" else m.save_npz
-    save(out, meta, {**m.tree_arrays("params/", params), **extra})
+    m.save_npz(out, meta, {**m.tree_arrays("params/", params), **extra})
     return out
 
 
