@@ -242,16 +242,12 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
                 "2",
                 "--run-dir",
                 str(tmp_path / "sac"),
-                "--save-dataset",
-                data,
-                "--dataset-episodes",
-                "2",
-                "--dataset-noise",
-                "0.3",
             ]
         )
         == 0
     )
+    # SAC's datasets come from tools/sac_dataset.py, on the run's model.npz.
+    assert load_tool("sac_dataset").main([str(tmp_path / "sac"), data, "--episodes", "2", "--noise", "0.3"]) == 0
     ds = bc.read_dataset(data)
     assert len(ds.rewards) == 400 and ds.timeouts.sum() == 2 and ds.metadata["env_id"] == "Pendulum-v1"
     assert ds.metadata["ref_min_score"] < 0 and "ref_max_score" in ds.metadata
