@@ -853,7 +853,10 @@ def args_from_json(saved, where: str = "") -> Args:
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
         message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
         raise ConfigError(f"{where}: {message}" if where else message) from None
-    require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
+    require(
+        args.num_devices != 0,
+        f"{where}: --num-devices must be positive or -1" if where else "--num-devices must be positive or -1",
+    )
     require(":" not in (args.env_id or "") or not where, f"{where}: env id {args.env_id!r} imports a module")
     return args
 

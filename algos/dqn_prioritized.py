@@ -114,7 +114,7 @@ class Args:
     """discount factor"""
     n_step: Annotated[int, Field(ge=1, le=1000)] = 3
     """rewards per return (1: one-step Q-learning)"""
-    huber_delta: Positive = 1.0
+    huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1.0
     """Huber loss threshold (a large value gives the squared error)"""
     clip_reward: Optional[Positive] = None
     """clip each reward to [-c, c] for learning; logged and evaluated returns stay the env's own"""
@@ -846,12 +846,14 @@ def args_from_json(saved, where: str = "") -> Args:
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
         message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
         raise ConfigError(f"{where}: {message}" if where else message) from None
-    require(args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
-    require(
-        args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
+    between = (
+        (args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)"),
+        (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
+        (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
+        (args.num_devices != 0, "--num-devices must be positive or -1 (all)"),
     )
-    require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
-    require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
+    for ok, message in between:
+        require(ok, f"{where}: {message}" if where else message)
     return args
 
 
@@ -1148,7 +1150,8 @@ def train(args: Args, env_fn=None) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
-    """(train state, key, global step, episodes) of RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    """(train state, key, global step, episodes, whether an evaluation was cut short) of
+    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")

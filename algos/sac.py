@@ -119,7 +119,7 @@ class Args:
     """SGD steps between target-critic updates"""
     policy_frequency: Annotated[int, Field(ge=1, le=1000)] = 2
     """SGD steps between actor and alpha updates (each time that many of them, as CleanRL)"""
-    huber_delta: Positive = 1e6
+    huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1e6
     """Huber threshold of the critic loss (the default is the squared error)"""
     autotune: bool = True
     """learn the temperature to reach the target entropy"""
@@ -642,6 +642,7 @@ def check_spaces(envs, env_id: str) -> None:
     kind = f"{env_id} has a {type(space).__name__} action space"
     box = "SAC needs a Box action space (algos/dqn_prioritized.py takes discrete actions)"
     require(isinstance(space, gym.spaces.Box), f"{kind}; {box}")
+    require(len(space.shape) == 1, f"{env_id} has actions of shape {space.shape}; SAC takes a vector of actions")
     bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
     require(bounded, f"{env_id} has unbounded actions {space}; SAC's tanh policy needs finite bounds")
     vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
@@ -787,12 +788,14 @@ def args_from_json(saved, where: str = "") -> Args:
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
         message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
         raise ConfigError(f"{where}: {message}" if where else message) from None
-    require(args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)")
-    require(
-        args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}"
+    between = (
+        (args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)"),
+        (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
+        (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
+        (args.num_devices != 0, "--num-devices must be positive or -1 (all)"),
     )
-    require(args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size")
-    require(args.num_devices != 0, "--num-devices must be positive or -1 (all)")
+    for ok, message in between:
+        require(ok, f"{where}: {message}" if where else message)
     return args
 
 
@@ -937,6 +940,7 @@ def train(args: Args, env_fn=None) -> dict:
         mode = envs.metadata.get("autoreset_mode")
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         check_spaces(envs, args.env_id)
+        require(envs.num_envs == args.num_envs, f"the env factory made {envs.num_envs} envs, not {args.num_envs}")
         obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
         low, high = envs.single_action_space.low, envs.single_action_space.high
         nets = make_nets(args, action_dim)
@@ -1077,10 +1081,13 @@ def train(args: Args, env_fn=None) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, total: int):
-    """(train state, key, global step, episodes) of RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    """(train state, key, global step, episodes, whether an evaluation was cut short) of
+    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
+    no_replay = f"{path} holds no replay (an earlier version's --no-checkpoint-replay): tools/sac_evaluate.py takes it"
+    require("replay/priority" in arrays, no_replay)
     state = restore_tree(state, arrays, "train_state/", path)
     key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")

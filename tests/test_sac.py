@@ -1,6 +1,7 @@
 """SAC: the tanh-Gaussian log-prob, the losses against numpy references, the temperature,
 action rescaling, checkpoints, bad input and import hygiene."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -286,3 +287,25 @@ def test_the_temperature_starts_at_alpha_init_or_stays_at_alpha():
     assert start() == pytest.approx(1.0)
     assert start(alpha_init=0.3) == pytest.approx(0.3)
     assert start(autotune=False, alpha=0.05) == pytest.approx(0.05)
+
+
+def test_a_custom_env_factory_trains_and_its_mistakes_are_one_line(tmp_path):
+    """train(args, env_fn): one factory builds the training and the evaluation envs (the issue: an
+    unregistered env took six places); a factory that ignores num_envs or the autoreset mode is
+    refused before anything runs."""
+    import gymnasium as gym
+
+    def factory(num_envs, video=None, envs_made=None, mode=gym.vector.AutoresetMode.SAME_STEP):
+        make = [lambda: gym.wrappers.TimeLimit(gym.make("Pendulum-v1").unwrapped, 50)] * (envs_made or num_envs)
+        return gym.vector.SyncVectorEnv(make, autoreset_mode=mode)
+
+    flags = dict(hidden_sizes=(16,), learning_starts=100, batch_size=16, buffer_size=1000, updates_per_call=4)
+    flags.update(eval_episodes=2, eval_every=10_000, total_timesteps=300, env_id="MyPendulum")
+    result = sac.train(sac.Args(**flags, run_dir=str(tmp_path / "run")), factory)
+    assert result["global_step"] == 300 and np.isfinite(result["eval_mean"])
+    assert result["eval_mean"] > -50 * 16.3  # 50-step episodes of the factory, not Pendulum's 200
+    with pytest.raises(sac.ConfigError, match="made 1 envs, not 2"):
+        sac.train(sac.Args(**flags, num_envs=2, run_dir=str(tmp_path / "a")), functools.partial(factory, envs_made=1))
+    with pytest.raises(sac.ConfigError, match="SAME_STEP"):
+        next_step = functools.partial(factory, mode=gym.vector.AutoresetMode.NEXT_STEP)
+        sac.train(sac.Args(**flags, run_dir=str(tmp_path / "b")), next_step)

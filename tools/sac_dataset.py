@@ -12,6 +12,7 @@ The file is written atomically.
 import dataclasses
 import os
 import sys
+from typing import Optional
 
 import h5py
 import numpy as np
@@ -31,6 +32,8 @@ class Options:
     """episodes in the dataset"""
     noise: float = 0.0
     """std of the Gaussian noise on the deterministic action (0: expert data; larger: noisier)"""
+    env_id: Optional[str] = None
+    """the env (default: the run's)"""
 
 
 def rollout(act, params, env_fn, episodes: int, seed: int, noise: float = 0.0, random: bool = False) -> tuple:
@@ -65,11 +68,12 @@ def rollout(act, params, env_fn, episodes: int, seed: int, noise: float = 0.0, r
 
 
 def write_dataset(options: Options) -> dict:
-    act, params, saved, env_fn, _ = load_policy(options.path)
+    act, params, saved, env_fn, _ = load_policy(options.path, options.env_id)
+    env_id = options.env_id or saved.env_id
     seed = saved.seed + 20_000
     returns, data = rollout(act, params, env_fn, options.episodes, seed, options.noise)
     metadata = {
-        "env_id": saved.env_id,
+        "env_id": env_id,
         "algorithm": "sac.py",
         "dataset_noise": options.noise,
         "episodes": options.episodes,
@@ -103,8 +107,8 @@ def main(argv=None) -> int:
         sac.require(os.path.isdir(folder), f"{folder} is not a folder")
         sac.jax.config.update("jax_cpu_enable_async_dispatch", False)
         write_dataset(options)
-    except (sac.ConfigError, sac.RunFailed) as e:
-        print(f"sac_dataset.py: error: {e}", file=sys.stderr)
+    except (sac.ConfigError, sac.RunFailed, OSError, MemoryError) as e:
+        print(f"sac_dataset.py: error: {str(e) or 'out of memory'}", file=sys.stderr)
         return 2 if isinstance(e, sac.ConfigError) else 1
     return 0
 

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     except (OSError, MemoryError) as e:  # a file it may not read, a folder it may not write, ...
         print(f"sac_evaluate.py: error: {str(e) or 'out of memory'}", file=sys.stderr)
         return 1
-    print(f"eval {saved.env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    env_id = options.env_id or saved.env_id
+    print(f"eval {env_id}: {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
     return 0
 
 
