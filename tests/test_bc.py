@@ -382,3 +382,14 @@ def test_import_has_no_side_effects_and_cli_errors_have_no_traceback(tmp_path):
     np.savez(bad, observations=np.zeros((3, 3)))
     out = subprocess.run([sys.executable, SCRIPT, "--dataset", str(bad)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "missing key(s)" in out.stderr
+
+
+def test_a_copied_file_without_the_repo_says_which_dataset_to_give(tmp_path):
+    """bc_offline.py copied alone into a folder, run with no flags: one line naming --dataset, exit 2
+    (its default dataset is the repo's data/ file, which is not there)."""
+    import shutil
+
+    shutil.copy(SCRIPT, tmp_path / "bc_offline.py")
+    out = subprocess.run([sys.executable, "bc_offline.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1 and "give --dataset PATH" in err, err

@@ -303,6 +303,27 @@ def test_dqn_hostile_values_in_args_json(runs, tmp_path, capsys):
         refused(dqn, ["--resume", run_dir], capsys, word)
 
 
+@pytest.mark.parametrize("script", ["sac", "bc"])
+def test_hostile_values_in_args_json_of_sac_and_bc(script, runs, tmp_path, capsys):
+    """The same pydantic ranges hold SAC's and BC's flags (issue 27): a seed past the envs' int32
+    seeds, a network or an evaluation that would take the machine's memory, refused in one line."""
+    flag = "--total-updates" if script == "bc" else "--total-timesteps"
+    good = json.loads(open(os.path.join(runs[script], "args.json")).read())
+    for i, (change, word) in enumerate(
+        (
+            ({"seed": 2**31 - 1}, "--seed"),
+            ({"hidden_sizes": [10**6]}, "--hidden-sizes should be less than or equal to 65536"),
+            ({"eval_episodes": 10**6}, "--eval-episodes should be less than or equal to 1024"),
+            ({"batch_size": 0}, "--batch-size should be greater than or equal to 1"),
+        )
+    ):
+        run_dir = copy_run(runs[script], tmp_path / f"run{i}")
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            json.dump({**good, "args": {**good["args"], **change}}, f)
+        err = refused(MODULES[script], ["--resume", run_dir, flag, "400"], capsys, word)
+        assert "args.json" in err, err
+
+
 @pytest.mark.parametrize("script", list(MODULES))
 def test_old_pkl_file_is_refused_with_how_to_convert(script, runs, tmp_path, capsys):
     path = tmp_path / "model.pkl"
