@@ -91,22 +91,23 @@ import os
 # Read by jax when it initialises its backend, so set before `import jax` (see dqn_prioritized.py).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import collections
+import concurrent.futures
+import contextlib
 import csv
 import dataclasses
 import functools
 import itertools
 import json
 import math
-import queue
 import signal
 import socket
 import sys
 import threading
 import time
-import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -115,11 +116,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pydantic
 import rlax
 import tyro
+from pydantic import Field
 
 SCRIPT = "apex_dqn"
-CHECKPOINT_FORMAT = f"{SCRIPT}/1"
+FORMAT = f"{SCRIPT}/1"  # of checkpoint.npz and model.npz
 
 
 # =============================================================================================
@@ -128,111 +131,119 @@ CHECKPOINT_FORMAT = f"{SCRIPT}/1"
 # =============================================================================================
 
 
+# The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
+Count = Annotated[int, Field(ge=1, lt=2**31)]
+Envs = Annotated[int, Field(ge=1, le=1024)]
+Positive = Annotated[float, Field(gt=0, le=1e30)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)]
+Steps = Annotated[int, Field(ge=0, lt=2**31)]
+
+
 @dataclass
 class Args:
     # Algorithm
     env_id: str = "CartPole-v1"
-    """gymnasium id of an environment with a Discrete action space (vectors, uint8 images or
-    MinAtar's bool planes, as in dqn_prioritized.py)"""
+    """gymnasium id with Discrete actions (vectors, uint8 images or MinAtar's bool planes, as in dqn_prioritized.py)"""
     preset: Optional[Literal["atari"]] = None
-    """'atari': the Ape-X paper's Atari hyper-parameters (ATARI_PRESET); flags given alongside
-    override them. Read by the command-line parser only"""
-    seed: int = 1
-    """seed of the learner's network, the actors' envs (seed + 10007 i) and the evaluation env"""
-    total_timesteps: int = 100_000
+    """start from the Ape-X paper's Atari hyper-parameters (ATARI_PRESET); other flags still win"""
+    seed: Annotated[int, Field(ge=0, lt=2**31)] = 1
+    """seed of the learner's network, the actors' envs (seed + 10007 i) and the evaluation envs"""
+    total_timesteps: Annotated[int, Field(ge=1, lt=2**40)] = 100_000
     """environment steps, summed over all actors"""
-    hidden_sizes: Tuple[int, ...] = (120, 84)
-    """widths of the hidden layers of the MLP (after the convolutions for image observations)"""
+    hidden_sizes: Widths = (120, 84)
+    """hidden layer widths (after the convolutions for images)"""
     dueling: bool = False
     """dueling heads, V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016; Ape-X's network)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """Adam, or centred RMSProp (Ape-X's optimiser; --preset atari)"""
-    learning_rate: float = 1e-3
-    """the optimiser's learning rate"""
-    adam_eps: float = 1e-8
+    learning_rate: Positive = 1e-3
+    """the optimiser's step size"""
+    adam_eps: Positive = 1e-8
     """Adam's epsilon"""
-    rmsprop_decay: float = 0.95
+    rmsprop_decay: Annotated[float, Field(gt=0, lt=1)] = 0.95
     """RMSProp: decay of the running averages of the gradient and its square"""
-    rmsprop_eps: float = 0.01
+    rmsprop_eps: Positive = 0.01
     """RMSProp: added to the root of the centred second moment"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over --total-timesteps (env steps received)"""
-    max_grad_norm: float = 10.0
-    """clip the global gradient norm to this value"""
-    batch_size: int = 128
+    max_grad_norm: Positive = 10.0
+    """clip the global gradient norm to this"""
+    batch_size: Count = 128
     """transitions per SGD step"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
     """discount factor"""
-    n_step: int = 3
-    """steps per return (Ape-X: 3)"""
-    huber_delta: float = 1.0
+    n_step: Annotated[int, Field(ge=1, le=1000)] = 3
+    """rewards per return (Ape-X: 3)"""
+    huber_delta: Positive = 1.0
     """Huber loss threshold"""
-    clip_reward: Optional[float] = None
-    """clip each per-step reward to [-c, c] before the n-step sum; logged returns stay the env's"""
+    clip_reward: Optional[Positive] = None
+    """clip each reward to [-c, c] before the n-step sum; logged returns stay the env's"""
     terminal_on_life_loss: bool = True
-    """for envs that report info["lives"] (ALE): a lost life ends the return for learning"""
-    max_episode_frames: int = 108_000
+    """envs with info["lives"] (ALE): a lost life ends the return for learning"""
+    max_episode_frames: Count = 108_000
     """ALE only: emulator frames after which an episode is truncated (108k = 30 minutes)"""
-    target_network_frequency: int = 500
+    target_network_frequency: Count = 500
     """SGD steps between copies of the online network into the target network"""
-    learning_starts: int = 1_000
+    learning_starts: Steps = 1_000
     """replay rows before the learner starts"""
-    train_frequency: int = 2
+    train_frequency: Steps = 2
     """at most one SGD step per this many env steps received (the learner waits for data when it
     runs ahead); 0: no cap, the learner runs as fast as it can (the paper)"""
     # Ape-X actors
-    num_actors: int = -1
+    num_actors: Annotated[int, Field(ge=-1, le=100_000)] = -1
     """actor processes; -1: one per core the learner leaves free, at least 2"""
-    num_envs: int = 1
-    """environments per actor (gymnasium's synchronous vector env)"""
-    actor_epsilon_base: float = 0.4
+    num_envs: Envs = 1
+    """environments per actor"""
+    actor_epsilon_base: Annotated[float, Field(gt=0, le=1)] = 0.4
     """eps of epsilon_i = eps^(1 + alpha i / (N - 1)) (Ape-X: 0.4)"""
-    actor_epsilon_alpha: float = 7.0
+    actor_epsilon_alpha: Annotated[float, Field(ge=0, le=1000)] = 7.0
     """alpha of epsilon_i = eps^(1 + alpha i / (N - 1)) (Ape-X: 7)"""
-    chunk_size: int = 50
+    chunk_size: Count = 50
     """transitions an actor gathers before it sends them, with their priorities (Ape-X: 50)"""
-    param_sync_every: int = 100
+    param_sync_every: Count = 100
     """actor steps between copies of the learner's parameters (Ape-X: 400 frames = 100 steps)"""
-    ray_address: Optional[str] = None
+    ray_address: Optional[Annotated[str, Field(min_length=1)]] = None
     """join this Ray cluster (e.g. HEAD_IP:6379, or 'auto') instead of starting a local Ray"""
     # Replay
-    buffer_size: int = 50_000
-    """replay capacity, in transitions; the oldest go first"""
+    buffer_size: Count = 50_000
+    """replay capacity in transitions; the oldest go first"""
     prioritized: bool = True
     """prioritized replay; --no-prioritized samples uniformly through the same code (alpha = 0)"""
-    per_alpha: float = 0.6
+    per_alpha: Fraction = 0.6
     """priority exponent alpha"""
-    per_beta0: float = 0.4
+    per_beta0: Fraction = 0.4
     """importance-sampling exponent beta at the start ..."""
-    per_beta1: float = 1.0
+    per_beta1: Fraction = 1.0
     """... and at the end of the run, linearly in between (Ape-X kept 0.4 throughout)"""
-    per_eps: float = 1e-6
+    per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
-    # Learner machinery
-    updates_per_call: int = 32
-    """SGD steps fused in one jitted call (lax.scan)"""
-    prefetch_size: int = 2
-    """batches of updates_per_call x batch_size the prefetch thread keeps ready on the device"""
+    # Learner
+    updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 32
+    """SGD steps fused in one jitted call"""
+    prefetch_size: Annotated[int, Field(ge=1, le=64)] = 2
+    """calls' worth of batches the prefetch thread keeps ready on the device"""
     # Run and output
-    eval_every: int = 10_000
+    eval_every: Count = 10_000
     """environment steps between evaluations (by the learner, greedy, on its own envs)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (run in parallel)"""
-    eval_epsilon: float = 0.0
+    eval_episodes: Envs = 10
+    """episodes per evaluation, run as parallel envs"""
+    eval_epsilon: Fraction = 0.0
     """epsilon of the evaluation policy"""
-    checkpoint_every: int = 50_000
-    """environment steps between checkpoints (0: none by steps; --checkpoint-minutes still applies)"""
-    checkpoint_minutes: float = 30.0
-    """also checkpoint when this many minutes have passed since the last one (0: only by steps)"""
+    checkpoint_every: Steps = 50_000
+    """environment steps between checkpoints (0: none by steps)"""
+    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
+    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
     checkpoint_replay: bool = True
     """include the replay buffer and its priorities in checkpoints"""
-    log_every: int = 1_000
+    log_every: Count = 1_000
     """environment steps between tensorboard scalars; the console line is every 10 of these"""
     run_dir: Optional[str] = None
     """output folder; default runs/<env_id>__apex_dqn__<seed>__<unix_time>"""
     resume: Optional[str] = None
-    """run folder to continue from its checkpoint.npz (its args.json is reused; flags typed here
-    override it)"""
+    """run folder to continue: its flags, overridden by those typed here; writes there"""
+
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
 
 # --preset atari: Ape-X DQN on Atari (Horgan et al. 2018, section 4.1 and appendix; the rest as
@@ -477,14 +488,14 @@ class PrioritizedReplay:
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         if not 0 <= stored <= self.capacity:
             raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
-        check_array(arrays, "replay/priority", (stored,), np.float64, path)
-        k = int(check_array(arrays, "replay/next_index", (), np.int64, path))
+        checked_array(arrays, "replay/priority", (stored,), np.float64, path)
+        k = int(checked_array(arrays, "replay/next_index", (), np.int64, path))
         if not (np.isfinite(prio).all() and (prio >= 0).all() and 0 <= k < self.capacity):
             raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
         if not (k == stored % self.capacity or stored == self.capacity):
             raise ConfigError(f"{path}: the replay's insert position does not match its rows")
         data = {
-            key: check_array(arrays, f"replay/{key}", (stored,) + (self.shapes[key] or (1,)), self.dtypes[key], path)
+            key: checked_array(arrays, f"replay/{key}", (stored,) + (self.shapes[key] or (1,)), self.dtypes[key], path)
             for key in self.KEYS
         }
         with self.lock:
@@ -690,8 +701,10 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
 
 
 def train(args: Args) -> dict:
-    """Train with checked flags. Returns {run_dir, global_step, eval_mean, sgd_steps,
-    actor_restarts}, or {..., signal} when a signal stopped it."""
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there).
+    Returns {run_dir, global_step, eval_mean, sgd_steps, actor_restarts}, or {..., signal}."""
+    args = check_args(args)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
     probe = env_fn(1)
     num_actions, obs_space = int(probe.single_action_space.n), probe.single_observation_space
@@ -757,66 +770,9 @@ class RunFailed(Exception):
     failing): one line, exit 1."""
 
 
-class Diverged(RunFailed):
-    """The learner produced a non-finite TD error or parameters: one line, naming the SGD step."""
-
-
-def check_args(args: Args) -> None:
-    """One ConfigError for the first bad flag."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "n_step",
-        "target_network_frequency",
-        "updates_per_call",
-        "prefetch_size",
-        "eval_every",
-        "eval_episodes",
-        "log_every",
-        "chunk_size",
-        "param_sync_every",
-        "learning_rate",
-        "adam_eps",
-        "rmsprop_eps",
-        "max_grad_norm",
-        "huber_delta",
-        "per_eps",
-        "max_episode_frames",
-    )
-    for flag in dataclasses.fields(Args):  # NaN passes every comparison below
-        value = getattr(args, flag.name)
-        if isinstance(value, float) and not np.isfinite(value):
-            raise ConfigError(f"--{flag.name.replace('_', '-')} must be a finite number, got {value}")
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0 or max(args.hidden_sizes) > 65_536:
-        raise ConfigError(f"--hidden-sizes must be widths in 1..65536, got {args.hidden_sizes}")
-    if args.num_actors == 0 or args.num_actors < -1:
-        raise ConfigError(f"--num-actors must be positive or -1 (as the cores allow), got {args.num_actors}")
-    if args.batch_size > args.buffer_size:
-        raise ConfigError(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.learning_starts < args.batch_size:
-        raise ConfigError(f"--learning-starts {args.learning_starts} must be at least --batch-size {args.batch_size}")
-    if not 0.0 < args.gamma <= 1.0:
-        raise ConfigError(f"--gamma must be in (0, 1], got {args.gamma}")
-    for name in ("eval_epsilon", "per_beta0", "per_beta1"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
-    if not 0.0 < args.actor_epsilon_base <= 1.0 or args.actor_epsilon_alpha < 0:
-        raise ConfigError("--actor-epsilon-base must be in (0, 1] and --actor-epsilon-alpha >= 0")
-    if not 0.0 < args.rmsprop_decay < 1.0:
-        raise ConfigError(f"--rmsprop-decay must be in (0, 1), got {args.rmsprop_decay}")
-    if args.per_alpha < 0:
-        raise ConfigError(f"--per-alpha must be >= 0, got {args.per_alpha}")
-    if min(args.train_frequency, args.checkpoint_every, args.learning_starts, args.checkpoint_minutes) < 0:
-        raise ConfigError("--train-frequency, --checkpoint-every, --checkpoint-minutes, --learning-starts must be >= 0")
-    if args.clip_reward is not None and args.clip_reward <= 0:
-        raise ConfigError(f"--clip-reward must be positive, got {args.clip_reward}")
-    if args.ray_address is not None and not args.ray_address.strip():
-        raise ConfigError("--ray-address is empty")
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, for Args from the command line or from code."""
+    return args_from_json(dataclasses.asdict(args))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1056,103 +1012,22 @@ def first_line(error: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class Prefetcher:
-    """Samples ahead on a background thread and puts the batches on the device (as Acme does);
-    an exception in the thread is re-raised by the next get()."""
-
-    def __init__(self, produce: Callable[[], Any], size: int):
-        self._produce = produce
-        self._queue: queue.Queue = queue.Queue(maxsize=size)
-        self._stop = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                item = self._produce()
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        pass
-        except BaseException as e:  # handed to the consumer, who re-raises it
-            self._error = e
-            self._stop.set()
-
-    def get(self) -> Any:
-        while True:
-            try:
-                return self._queue.get(timeout=0.05)
-            except queue.Empty:
-                if self._error is not None:
-                    raise RuntimeError(f"prefetch thread failed: {self._error!r}") from self._error
-                if self._stop.is_set():
-                    raise RuntimeError("prefetcher is closed") from None
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class PriorityWriter:
-    """Writes |TD| back into the replay on a background thread (reading them waits for the
-    learner's computation) and stops the run on a non-finite one. flush() waits for all of it."""
-
-    def __init__(self, replay: PrioritizedReplay):
-        self._replay = replay
-        self._queue: queue.Queue = queue.Queue()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="priority-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                indexes, stamps, priorities, first_step = item
-                priorities = np.asarray(priorities, np.float64)  # [K, B]: waits for the learner
-                finite = np.isfinite(priorities).all(axis=1)
-                if not finite.all():
-                    raise Diverged(
-                        f"the learner diverged: non-finite TD error or parameters at SGD step "
-                        f"{first_step + int(np.argmin(finite)) + 1}; try a lower --learning-rate"
-                    )
-                if self._replay.prioritized:  # with alpha = 0 a write changes nothing
-                    self._replay.update_priorities(indexes, stamps, priorities.reshape(-1))
-            except BaseException as e:
-                self._error = self._error or e
-            finally:
-                self._queue.task_done()
-
-    def submit(self, indexes: np.ndarray, stamps: np.ndarray, priorities: jax.Array, first_step: int) -> None:
-        self._raise()
-        self._queue.put((indexes, stamps, priorities, first_step))
-
-    def flush(self) -> None:
-        self._queue.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if isinstance(self._error, Diverged):
-            raise self._error
-        if self._error is not None:
-            raise RuntimeError(f"priority writer failed: {self._error!r}") from self._error
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-
-def sample_batches(replay: PrioritizedReplay, batch_size: int, num_batches: int):
-    """(batches[K, B, ...] on the device, slot indexes, write counts): on the prefetch thread."""
-    batch, indexes, stamps = replay.sample(batch_size, num_batches)
-    batch = {k: v.reshape((num_batches, batch_size) + v.shape[1:]) for k, v in batch.items()}
+def sample_batches(replay: PrioritizedReplay, args: Args):
+    """On the prefetch thread: (batches[K, B, ...] on the device, slot indexes, write counts)."""
+    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
+    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
     return jax.device_put(batch), indexes, stamps
+
+
+def write_priorities(replay: PrioritizedReplay, indexes, stamps, priorities, first_step: int):
+    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
+    priorities = np.asarray(priorities, np.float64)
+    finite = np.isfinite(priorities).all(axis=1)
+    if not finite.all():
+        step = first_step + int(np.argmin(finite)) + 1
+        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}; a lower --learning-rate?")
+    if replay.prioritized:  # with alpha = 0 a write changes nothing
+        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
 
 def next_multiple(step: int, every: int) -> Optional[int]:
@@ -1175,8 +1050,9 @@ class Run:
         self.args, self.env_fn, self.replay, self.act = args, env_fn, replay, act
         self.global_step = self.episodes = self.restarts = 0
         self.sgd_base, self.learn_from = 0, args.learning_starts
-        self.prefetcher: Optional[Prefetcher] = None
-        self.writer: Optional[PriorityWriter] = None
+        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        self.ahead, self.writes = collections.deque(), collections.deque()
         self.stop = StopRequest()
         self.metrics: dict = {}
         self.last_eval: Optional[str] = None
@@ -1196,11 +1072,10 @@ class Run:
             ckpt = os.path.join(args.resume, "checkpoint.npz")
             meta, arrays = load_npz(ckpt)
             state = restore_tree(state, arrays, "train_state/", ckpt)
-            key = jnp.asarray(check_array(arrays, "key", (2,), np.uint32, ckpt))
-            self.global_step, self.episodes = (
-                saved_count(meta, "global_step", ckpt),
-                saved_count(meta, "episodes", ckpt),
-            )
+            key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, ckpt))
+            self.global_step, self.episodes = meta.get("global_step"), meta.get("episodes")
+            counts = (self.global_step, self.episodes)
+            require(all(type(v) is int and 0 <= v < 2**40 for v in counts), f"{ckpt}: bad counters in meta.json")
             if any(name.startswith("replay/") for name in arrays):
                 self.replay.load_state_dict(arrays, ckpt)
             rows = self.replay.size()
@@ -1224,13 +1099,12 @@ class Run:
         )
         step = self.global_step
         self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        self.meta = {"format": CHECKPOINT_FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
         self.saved_time = time.monotonic()
         self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
         self.next_eval, self.next_log = next_multiple(step, args.eval_every), next_multiple(step, args.log_every)
         self.next_ckpt = next_multiple(step, args.checkpoint_every)
         self.lag = []
-        self.writer = PriorityWriter(self.replay)
         return state, key
 
     # -- the actors ------------------------------------------------------------------------------
@@ -1360,18 +1234,20 @@ class Run:
         return max(0, sgd_due - self.sgd_done) // args.updates_per_call
 
     def next_batches(self):
-        """(batches, slot indexes, write counts) from the prefetch thread, started at the first call."""
-        args = self.args
-        if self.prefetcher is None:
-            produce = functools.partial(sample_batches, self.replay, args.batch_size, args.updates_per_call)
-            self.prefetcher = Prefetcher(produce, args.prefetch_size)
+        """(batches, slot indexes, write counts) from the prefetch thread, prefetch_size calls ahead."""
+        while len(self.ahead) <= self.args.prefetch_size:
+            self.ahead.append(self.sampler.submit(sample_batches, self.replay, self.args))
         self.t0 = time.perf_counter()
-        batches = self.prefetcher.get()
+        batches = self.ahead.popleft().result()
         self.window["wait"] += time.perf_counter() - self.t0
         return batches
 
     def learned(self, state: TrainState, metrics: dict, indexes, stamps, priorities) -> None:
-        self.writer.submit(indexes, stamps, priorities, self.sgd_done)
+        self.writes.append(
+            self.writer.submit(write_priorities, self.replay, indexes, stamps, priorities, self.sgd_done)
+        )
+        while self.writes and self.writes[0].done():
+            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
         self.window["learn"] += time.perf_counter() - self.t0
         self.sgd_done += self.args.updates_per_call
         self.metrics = metrics
@@ -1428,12 +1304,13 @@ class Run:
             self.evaluate(state)
 
     def checkpoint(self, state: TrainState, key) -> None:
-        self.writer.flush()
+        while self.writes:
+            self.writes.popleft().result()  # the priorities of every update so far are in the replay
         arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
         if self.args.checkpoint_replay:
             arrays.update(self.replay.state_dict())
         meta = {**self.meta, "kind": "checkpoint", "global_step": self.global_step, "episodes": self.episodes}
-        save_npz_atomic(os.path.join(self.run_dir, "checkpoint.npz"), meta, arrays)
+        save_npz(os.path.join(self.run_dir, "checkpoint.npz"), meta, arrays)
         self.saved_time = time.monotonic()
 
     def checkpoint_if_due(self, state: TrainState, key) -> None:
@@ -1463,10 +1340,8 @@ class Run:
 
     def close(self) -> None:
         """Stop the threads and the actors, and a Ray this run started."""
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        if self.writer is not None:
-            self.writer.close()
+        self.sampler.shutdown(cancel_futures=True)
+        self.writer.shutdown()
         if self.actors or self.own_ray:
             import ray
 
@@ -1487,7 +1362,7 @@ class Run:
             self.logger.close()
             print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
             return {**summary, "signal": self.stop.signum}
-        save_npz_atomic(
+        save_npz(
             os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"}, tree_arrays("params/", state.params)
         )
         returns = self.evaluate(state)
@@ -1500,75 +1375,60 @@ class Run:
 # Checkpoint and model files
 # ---------------------------------------------------------------------------------------------
 
-# One .npz (a zip of .npy arrays) read with allow_pickle=False, so loading a file never runs
-# code; member "meta.json" holds the format tag, the flags and the counters; every other member
-# is one array named by its place, compared with what this script builds before any is used.
-META = "meta.json"
+# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
+# code. Member meta.json holds the format, the counters and the flags; every other member is one
+# array named by its place, checked for name, shape, dtype and range before any of it is used.
 
 
-def write_atomic(path: str, write: Callable) -> None:
-    """write(file) into a temp file in the same folder, fsync, then rename: a crash, a kill or a
-    full disk leaves the previous file whole."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+def write_atomic(path: str, write) -> None:
+    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
+    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:  # x: a file of its own, never one found there
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
-        raise
-    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(folder)  # so that the rename, not only the data, survives a power cut
+    except OSError as e:
+        raise RunFailed(f"could not write {path} ({e.strerror or e}); the previous one is unchanged") from None
     finally:
-        os.close(folder)
+        with contextlib.suppress(OSError):  # gone already: renamed into place, or never made
+            os.remove(tmp)
 
 
-def save_npz_atomic(path: str, meta: dict, arrays: dict) -> None:
-    write_atomic(path, lambda f: np.savez(f, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)}, **arrays))
+def save_npz(path: str, meta: dict, arrays: dict) -> None:
+    meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
 
 
 def load_npz(path: str, kind: str = "checkpoint") -> Tuple[dict, dict]:
-    """(meta, arrays) of a `kind` file this script wrote, or a ConfigError."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"no such file: {path}")
+    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
+    path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
+    require(os.path.isfile(path), f"no such file: {path}")
+    with open(path, "rb") as f:
+        old = f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)"
+        require(f.read(1) != b"\x80", old)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
-    except Exception as e:  # a cut-short zip, an object array, a member that is not .npy, ...
-        reason = f"{type(e).__name__}: {e}".splitlines()[0]
-        raise ConfigError(f"{path} is not a readable {kind} ({reason})") from None
-    strange = [name for name, value in arrays.items() if not isinstance(value, np.ndarray)]
-    if strange:
-        raise ConfigError(f"{path} is not a readable {kind} (member {strange[0]!r} is not an array)")
-    raw = arrays.pop(META, None)
-    try:
-        meta = json.loads(raw.tobytes()) if raw is not None and raw.dtype == np.uint8 else None
-    except (ValueError, RecursionError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or meta.get("kind") != kind:
-        raise ConfigError(f"{path} is not a {kind} written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+        meta = json.loads(arrays.pop("meta.json").tobytes())
+    except Exception as e:  # a cut-short zip, an object array, no meta.json, ...
+        raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
+    require(all(isinstance(v, np.ndarray) for v in arrays.values()), f"{path} has a member that is not an array")
+    ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
+    require(ours, f"{path} is not a {kind} written by {SCRIPT}.py (format {FORMAT})")
     return meta, arrays
 
 
-def check_array(arrays: dict, name: str, shape: tuple, dtype, path: str, hint: str = "") -> np.ndarray:
+def checked_array(arrays: dict, name: str, shape: tuple, dtype, path: str) -> np.ndarray:
     got = arrays.get(name)
     if got is None or got.shape != tuple(shape) or got.dtype != np.dtype(dtype):
         found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
-        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}{hint}")
+        raise ConfigError(f"{path}: {name} is {found}, expected {np.dtype(dtype)}{list(shape)}")
+    if np.issubdtype(got.dtype, np.floating):
+        require(np.isfinite(got).all(), f"{path}: {name} holds values that are not finite")
     return got
-
-
-def saved_count(meta: dict, name: str, path: str) -> int:
-    value = meta.get(name)
-    if type(value) is not int or value < 0:
-        raise ConfigError(f"{path}: {name} in meta.json is {value!r}, not a count")
-    return value
 
 
 def tree_arrays(prefix: str, tree) -> dict:
@@ -1579,49 +1439,42 @@ def tree_arrays(prefix: str, tree) -> dict:
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)
-    hint = " (written for other --hidden-sizes, --dueling or another env?)"
-    leaves = [check_array(arrays, name, like.shape, like.dtype, path, hint) for name, like in wanted.items()]
+    leaves = [checked_array(arrays, name, like.shape, like.dtype, path) for name, like in wanted.items()]
     extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
-    if extra:
-        raise ConfigError(f"{path}: unexpected array {extra[0]}{hint}")
+    require(
+        not extra, f"{path}: unexpected array {extra[0] if extra else ''} (other --hidden-sizes, --dueling or env?)"
+    )
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
-def json_fits(value, hint) -> bool:
-    """Whether a value read from JSON has the type an Args field is annotated with."""
-    origin, params = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        return any(json_fits(value, h) for h in params)
-    if origin is typing.Literal:
-        return any(type(value) is type(p) and value == p for p in params)
-    if origin in (tuple, list):
-        return isinstance(value, list) and all(json_fits(v, params[0]) for v in value)
-    if hint is float:
-        return type(value) in (int, float)
-    return type(value) is (type(None) if hint is None else hint)
-
-
-def args_from_json(saved, path: str) -> Args:
-    """Flags read back from a file, each checked against its annotation (the file may be hostile)."""
-    if not isinstance(saved, dict):
-        raise ConfigError(f"{path}: no flags in it")
-    hints, defaults, values = typing.get_type_hints(Args), Args(), {}
-    for flag in dataclasses.fields(Args):
-        if flag.name not in saved:
-            continue
-        value = saved[flag.name]
-        if not json_fits(value, hints[flag.name]):
-            raise ConfigError(f"{path}: flag {flag.name} is {value!r}, not a {flag.type}")
-        if isinstance(getattr(defaults, flag.name), tuple):
-            value = tuple(value)
-        elif type(value) is int and json_fits(0.5, hints[flag.name]):
-            value = float(value)
-        values[flag.name] = value
-    args = Args(**values)
-    if ":" in args.env_id:  # gymnasium imports the module named before ':' when making the env
-        raise ConfigError(f"{path}: env id {args.env_id!r} names a module to import; not taken from a file")
-    check_args(args)
+def args_from_json(saved, where: str = "") -> Args:
+    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
+    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
+    try:
+        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
+        message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
+        raise ConfigError(f"{where}: {message}" if where else message) from None
+    between = (
+        (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
+        (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
+        (args.num_actors != 0, "--num-actors must be positive or -1 (as the cores allow)"),
+        (
+            ":" not in args.env_id or not where,
+            f"env id {args.env_id!r} names a module to import; not taken from a file",
+        ),
+    )
+    for ok, message in between:
+        if not ok:
+            raise ConfigError(f"{where}: {message}" if where else message)
     return args
+
+
+def json_value(value):
+    """numpy scalars and paths in Args built in Python: as JSON has them."""
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1687,42 +1540,6 @@ class Logger:
 # ---------------------------------------------------------------------------------------------
 
 
-def given_flags(argv) -> frozenset:
-    """The Args fields typed on a command line (tyro's --flag-name, --flag-name=value, --no-flag)."""
-    names, given = {f.name for f in dataclasses.fields(Args)}, set()
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            name = name[3:] if name not in names and name.startswith("no_") else name
-            given.add(name)
-    return frozenset(given & names)
-
-
-def resolve_args(args: Args, given: Optional[frozenset] = None) -> Args:
-    """For --resume: the run's saved flags, overridden by those typed here (for code that builds
-    Args itself, those that differ from the defaults)."""
-    path = os.path.join(args.resume, "args.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"--resume {args.resume}: no args.json there (not a run folder of this script)")
-    try:
-        with open(path, "rb") as f:
-            saved = json.loads(f.read())
-    except (ValueError, RecursionError):
-        raise ConfigError(f"{path} is not JSON") from None
-    if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
-        raise ConfigError(f"--resume {args.resume}: that run was not made by {SCRIPT}.py")
-    merged = args_from_json(saved.get("args"), path)
-    if given is None:
-        defaults = Args()
-        given = frozenset(
-            f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != getattr(defaults, f.name)
-        )
-    if "preset" in given and args.preset != merged.preset:
-        raise ConfigError(f"--resume {args.resume}: --preset cannot change on resume (the run's values stay)")
-    merged = dataclasses.replace(merged, **{name: getattr(args, name) for name in given})
-    return dataclasses.replace(merged, resume=args.resume, run_dir=args.resume)
-
-
 class StopRequest:
     """SIGINT/SIGTERM set a flag that the loop checks, so the last checkpoint is taken from a
     consistent state; a second signal interrupts at once."""
@@ -1746,33 +1563,40 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def main(args: Args, given: Optional[frozenset] = None) -> dict:
-    """Train. Returns a summary dict; bad input raises ConfigError."""
-    if args.resume:
-        args = resolve_args(args, given)
-    check_args(args)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # see dqn_prioritized.py
-    return train(args)
-
-
 def parse_args(argv=None) -> Args:
-    """tyro's parse, with the defaults of --preset (if given) in place of Args' own."""
+    """tyro's parse; --preset swaps in the preset's defaults, --resume the run's own flags, and any
+    flag typed here wins over both. Where to write comes from here only."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    default = Args()
-    for i, token in enumerate(argv):
-        name = token[len("--preset=") :] if token.startswith("--preset=") else None
-        if token == "--preset" and i + 1 < len(argv):
-            name = argv[i + 1]
-        if name in PRESETS:
-            default = Args(preset=name, **PRESETS[name])
-    return tyro.cli(Args, args=argv, default=default)
+    preset = None
+    for i, token in enumerate(argv):  # the last one wins, as in tyro
+        preset = token[9:] if token.startswith("--preset=") else argv[i + 1] if token == "--preset" else preset
+    typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args())
+    if typed.resume is None:
+        return typed
+    path = os.path.join(typed.resume, "args.json")
+    require(os.path.isfile(path), f"--resume {typed.resume}: no args.json there (not a run folder of {SCRIPT}.py)")
+    try:
+        with open(path, "rb") as f:
+            saved = json.loads(f.read())
+    except (ValueError, RecursionError):
+        raise ConfigError(f"{path} is not JSON") from None
+    require(
+        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
+    )
+    saved = args_from_json(saved.get("args"), path)
+    require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
+    args = tyro.cli(Args, args=argv, default=saved)
+    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume)
+
+
+def require(ok, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 def cli(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
     try:
-        result = main(args, given_flags(argv))
+        result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

@@ -388,7 +388,7 @@ def test_joins_a_running_ray(tmp_path):
         (["--env-id", "Pendulum-v1"], "Pendulum-v1 has a Box action space; DQN needs Discrete actions"),
         (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
         (["--num-actors", "0"], "--num-actors must be positive or -1"),
-        (["--chunk-size", "0"], "--chunk-size must be positive"),
+        (["--chunk-size", "0"], "--chunk-size should be greater than or equal to 1"),
         (["--resume", "/nonexistent"], "--resume /nonexistent: no args.json there"),
     ],
 )
