@@ -52,11 +52,11 @@ Where the replay lives
   round trip through the object store to every sample; measured side by side: docs/apex.md.
 
 Faults
-  Actors are Ray actors that Ray restarts when they die; the learner sends the new one its next
-  request and the run goes on. What is lost is that actor's unsent chunk (at most --chunk-size
-  transitions and the n-step tail of its episodes in progress). The learner checkpoints as the
-  other scripts do (.npz and JSON, written atomically) and --resume continues a run; the actors
-  start new episodes then.
+  Actors are Ray actors that Ray restarts when they die (max_restarts), running the request that
+  was in flight again on the new process (max_task_retries); the run goes on. What is lost is that
+  actor's unsent chunk (at most --chunk-size transitions and the n-step tail of its episodes in
+  progress). The learner checkpoints as the other scripts do (.npz and JSON, written atomically)
+  and --resume continues a run; the actors start new episodes then.
 
 Map of this file
   Part 1, the algorithm: Args, ATARI_PRESET, QNetwork, NStepAssembler, PrioritizedReplay, the
@@ -985,9 +985,10 @@ def resolved_actors(args: Args) -> int:
 
 
 def remote_actor_class():
-    """Actor as a Ray actor class: restarted by Ray whenever its process dies (max_restarts=-1);
-    a request in flight when it died fails (max_task_retries=0) and the learner sends a new one.
-    Actors act on the CPU (JAX_PLATFORMS=cpu): the learner keeps the accelerator."""
+    """Actor as a Ray actor class: restarted by Ray whenever its process dies (max_restarts=-1), and
+    the request in flight then runs again on the new process (max_task_retries=-1), so the learner
+    keeps no bookkeeping of its own. Actors act on the CPU (JAX_PLATFORMS=cpu): the learner keeps
+    the accelerator."""
     import ray
 
     if __name__ != "__main__":
@@ -995,7 +996,7 @@ def remote_actor_class():
         # Ray does for a script, so that they need not find this file on their path.
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     env = {"JAX_PLATFORMS": "cpu"}
-    return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0, runtime_env={"env_vars": env})(Actor)
+    return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1, runtime_env={"env_vars": env})(Actor)
 
 
 ACTOR_COMEBACK_S = 120  # seconds an actor may send nothing (down, or never placed) before the run ends
@@ -1119,9 +1120,7 @@ class Run:
         self.actors = [remote.remote(args, i, n, seed + 10_007 * i) for i in range(n)]
         now = time.monotonic()
         # epsilon and pid as each actor reports them with its chunks
-        self.info = [
-            dict(epsilon=None, pid=None, restarts=0, down_since=None, retry_at=None, heard=now) for _ in range(n)
-        ]
+        self.info = [dict(epsilon=None, pid=None, restarts=0, heard=now) for _ in range(n)]
         self.publish(state)
         for i in range(n):
             self.request(i)
@@ -1149,12 +1148,7 @@ class Run:
         args = self.args
         if self.global_step - self.published_step >= args.param_sync_every * args.num_envs * len(self.actors):
             self.publish(state)
-        now = time.monotonic()
-        for i, entry in enumerate(self.info):
-            if entry["retry_at"] is not None and entry["retry_at"] <= now:  # coming back after a restart
-                entry["retry_at"] = None
-                self.request(i)
-        ready = []
+        now, ready = time.monotonic(), []
         if self.pending:
             ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.0 if self.update_calls_due() else 0.1)
         else:
@@ -1166,11 +1160,8 @@ class Run:
             i = self.pending.pop(ref)
             try:
                 chunk = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                if getattr(e, "actor_init_failed", False):  # its __init__ raised: restarting will not help
-                    raise RunFailed(f"actor {i} failed to start: {first_line(e)}") from None
-                self.actor_down(i, e)  # its process died; Ray is starting a new one
-                continue
+            except ray.exceptions.RayActorError as e:  # not a restart (Ray retries those): it cannot run
+                raise RunFailed(f"actor {i} cannot run: {first_line(e)}") from None
             except ray.exceptions.RayTaskError as e:  # an exception inside collect(): a bug, not a fault
                 raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
             except ray.exceptions.RayError as e:  # Ray itself: a lost object, a node gone, out of memory
@@ -1184,24 +1175,18 @@ class Run:
                 raise RunFailed(f"actor {i} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
         return chunks
 
-    def actor_down(self, i: int, error: BaseException) -> None:
-        """A request to actor i failed because its process is gone: ask again in a moment (a
-        request sent while Ray restarts it fails too)."""
-        entry = self.info[i]
-        if entry["down_since"] is None:
-            entry["down_since"] = time.monotonic()
-            print(f"actor {i} is down ({first_line(error)}); Ray restarts it, its unsent chunk is lost", flush=True)
-        entry["retry_at"] = time.monotonic() + 0.5
-
     def actor_up(self, i: int, chunk: dict) -> None:
         """A chunk from actor i: a process id not seen before (after the first) is a restart."""
         entry = self.info[i]
-        entry.update(down_since=None, heard=time.monotonic())
+        entry["heard"] = time.monotonic()
         if entry["pid"] != chunk["pid"]:
             if entry["pid"] is not None:
                 entry["restarts"] += 1
                 self.restarts += 1
-                print(f"actor {i} is back (process {chunk['pid']})", flush=True)
+                print(
+                    f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost",
+                    flush=True,
+                )
             entry.update(pid=chunk["pid"], epsilon=chunk["epsilon"])
             self.write_actors()
 
