@@ -1,105 +1,51 @@
 """Ape-X DQN: distributed prioritized experience replay on Ray, in one file.
 
-What it implements
-  * Ape-X (Horgan, Quan, Budden, Barth-Maron, Hessel, van Hasselt & Silver 2018, "Distributed
-    Prioritized Experience Replay", arXiv:1803.00933): many actors, each with its own envs and its
-    own epsilon, generate experience and compute its initial priorities themselves; one central
-    prioritized replay holds it; one learner trains on it and the actors copy its parameters now
-    and then. Acting and learning are decoupled: neither waits for the other.
-  * The learner is algos/dqn_prioritized.py's: double DQN (van Hasselt et al. 2016,
-    arXiv:1509.06461) with n-step returns, the IS-weighted Huber loss of proportional prioritized
-    replay (Schaul et al. 2016, arXiv:1511.05952) in cpprb, a prefetch thread, K SGD steps fused
-    per jitted call and priorities written back from another thread (as Acme's learners do,
-    Hoffman et al. 2020, arXiv:2006.00979).
-  * Ray (Moritz et al. 2018, arXiv:1712.05889) is the distributed engine: each actor is a Ray
-    actor (a process, on any node of a cluster), experience and parameters travel through Ray's
-    object store. No sockets or processes of our own.
+Implements Ape-X (Horgan, Quan, Budden, Barth-Maron, Hessel, van Hasselt & Silver 2018, arXiv:1803.00933):
+actors, each with its own envs and epsilon, act with a copy of the learner's parameters, assemble n-step
+transitions and compute their initial priorities themselves; one prioritized replay in the learner holds
+them; the learner trains on it and the actors copy its parameters now and then, neither waiting for the
+other. The learner is dqn_prioritized.py's: double DQN (van Hasselt et al. 2016, arXiv:1509.06461) with
+n-step returns and the IS-weighted Huber loss of proportional PER (Schaul et al. 2016, arXiv:1511.05952)
+on cpprb, a prefetch thread, K SGD steps per jitted call, priorities written back on another thread
+(Acme, Hoffman et al. 2020, arXiv:2006.00979). Ray (Moritz et al. 2018, arXiv:1712.05889) is the engine:
+each actor is a Ray actor, restarted by Ray when its process dies; data travels through Ray's object store.
 
-The paper's design, and where it is here
-  epsilon_i = eps^(1 + alpha * i / (N - 1)), eps = 0.4, alpha = 7, actor i of N   (Ape-X 4.1; actor_epsilon)
-      (one actor: epsilon 0.4)
-  actors compute initial priorities p = |delta| from their own n-step transitions with their own
-      copy of the network (Ape-X 3, Algorithm 1 line 9): no max-priority insert   (Actor.collect)
-  actors send transitions in chunks of B (Ape-X: B = 50)                        (--chunk-size)
-  actors copy the learner's parameters every so many of their steps (Ape-X: every 400 frames,
-      i.e. 100 agent steps)                                                      (--param-sync-every)
-  the replay evicts the oldest first (FIFO; Ape-X removes the oldest in batches every 100 learning
-      steps, cpprb's ring overwrites the oldest row by row: the same policy)     (PrioritizedReplay)
-  the learner samples by priority, learns, and writes |delta| back (Algorithm 2)  (train, LEARN)
-
-Update equations (the learner; one SGD step on B transitions i, each spanning k_i <= n steps)
-  G_i      = sum_{j<k_i} gamma^j r_{t+j}
-  d_i      = gamma^{k_i} * (1 - terminated_i)                  (truncation still bootstraps)
-  y_i      = G_i + d_i * Q(s'_i, argmax_a Q(s'_i, a; theta); theta_target)
-  delta_i  = y_i - Q(s_i, a_i; theta)
-  L(theta) = (1/B) sum_i w_i * huber(delta_i)
-  P(i)     = p_i^alpha / sum_j p_j^alpha,  p_i = |delta_i| + eps  (an actor's |delta| on insert)
-  w_i      = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta
-  beta     linear from --per-beta0 to --per-beta1 over --total-timesteps (Ape-X: 0.4, constant)
-  theta_target <- theta   every --target-network-frequency SGD steps.
-  An actor computes the same delta_i with its copies of theta and theta_target, which may be a
-  few updates old: that staleness is the paper's, too.
-
-The replay ratio
-  The paper's learner runs as fast as it can. On a laptop the learner and the actors share a few
-  cores, so --train-frequency caps the learner at one SGD step per that many env steps received:
-  when it runs ahead it waits for data; when it falls behind, the ratio falls and the actors do
-  not wait (perf/replay_ratio reports what was reached). 0 removes the cap, as in the paper.
-
-Where the replay lives
-  In the learner's process: chunks arrive as the results of the actors' requests, the learner
-  adds them between updates and samples from memory. A replay of its own (a Ray actor) would add a
-  round trip through the object store to every sample; measured side by side: docs/apex.md.
-
-Faults
-  Actors are Ray actors that Ray restarts when they die (max_restarts), running the request that
-  was in flight again on the new process (max_task_retries); the run goes on. What is lost is that
-  actor's unsent chunk (at most --chunk-size transitions and the n-step tail of its episodes in
-  progress). The learner checkpoints as the other scripts do (.npz and JSON, written atomically)
-  and --resume continues a run; the actors start new episodes then.
-
-Map of this file
-  Part 1, the algorithm: Args, ATARI_PRESET, QNetwork, NStepAssembler, PrioritizedReplay, the
-  learner (double_q_td, make_update), acting (make_act, actor_epsilon, Actor) and train(), the
-  loop. Part 2, the machinery, which a reader may skip: flag checks, envs, Ray, the prefetch and
-  priority threads, Run (folder, resume, actors, counters, logging, evaluation, checkpoints),
-  files, the command line.
+Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
+  G_i     = sum_{j<k_i} gamma^j r_{t+j}            d_i = gamma^k_i (1 - terminated_i)  (truncation bootstraps)
+  y_i     = G_i + d_i Q(s'_i, argmax_a Q(s'_i, a; theta); theta_target)             (double Q)
+  delta_i = y_i - Q(s_i, a_i; theta)               L = (1/B) sum_i w_i huber(delta_i)
+  P(i)    = p_i^alpha / sum_j p_j^alpha            p_i = |delta_i| + eps, new ones: the actor's |delta_i|
+  w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> --per-beta1
+  epsilon_i = 0.4^(1 + 7 i / (N - 1)) for actor i of N (Ape-X 4.1); chunks of --chunk-size (B = 50)
+  transitions; parameters copied every --param-sync-every actor steps (400 frames = 100 steps).
+  --train-frequency caps the learner at one SGD step per that many env steps received, so that actors
+  and learner can share a laptop's cores (0: no cap, as in the paper); perf/replay_ratio says what it got.
 
 Run
-  python algos/apex_dqn.py                               # local Ray, actors as the cores allow, CartPole-v1
+  python algos/apex_dqn.py                               # local Ray, one actor per free core, CartPole-v1
   python algos/apex_dqn.py --num-actors 4 --seed 2
-  python algos/apex_dqn.py --ray-address HEAD_IP:6379    # join a running Ray cluster instead
-  python algos/apex_dqn.py --resume runs/<run>           # continue an interrupted run
+  python algos/apex_dqn.py --resume runs/<run>           # continue from its checkpoint
   python algos/apex_dqn.py --env-id ALE/Pong-v5 --preset atari --ray-address HEAD_IP:6379 --num-actors 256
-  python algos/apex_dqn.py --help                        # every flag
-
-Outputs (runs/<env_id>__apex_dqn__<seed>__<unix_time>/)
-  args.json, eval.csv (step, mean, std, episodes), actors.json (each actor's epsilon, process id
-  and restarts), tensorboard events: charts/episodic_return, charts/episodic_length, charts/SPS
-  (env steps/s over all actors), losses/td_loss, losses/q_values, eval/episodic_return(_std),
-  replay/beta, replay/priority_max, replay/size, perf/updates_per_second,
-  perf/learner_wait_fraction, perf/replay_ratio, apex/actor_restarts, apex/param_lag (learner SGD
-  steps since the parameters a chunk was acted with); checkpoint.npz (latest, atomic) and
-  model.npz (final parameters), arrays and JSON read without pickle; a plain console line every
-  10 --log-every.
+Outputs: runs/<env_id>__apex_dqn__<seed>__<time>/ holds args.json, eval.csv, actors.json (each actor's
+epsilon, process id and restarts), tensorboard events (CleanRL's tags, apex/param_lag: SGD steps since a
+chunk's parameters), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
+Design notes and measured figures: docs/apex.md.
 """
 
 from __future__ import annotations
 
 import os
 
-# Read by jax when it initialises its backend, so set before `import jax` (see dqn_prioritized.py).
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when jax starts: no 75% GPU grab
 
 import collections
 import concurrent.futures
 import contextlib
-import csv
 import dataclasses
 import functools
-import itertools
 import json
 import math
+import re
 import signal
 import socket
 import sys
@@ -118,18 +64,14 @@ import numpy as np
 import optax
 import pydantic
 import rlax
+import tqdm
 import tyro
 from pydantic import Field
 
 SCRIPT = "apex_dqn"
 FORMAT = f"{SCRIPT}/1"  # of checkpoint.npz and model.npz
-
-
-# =============================================================================================
-# PART 1: THE ALGORITHM
-# Flags, network, n-step returns, prioritized replay, loss and update, actors, and the loop.
-# =============================================================================================
-
+FRAME_STACK = 4
+ACTOR_COMEBACK_S = 120  # seconds an actor may send nothing (down, or never placed) before the run ends
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
 Count = Annotated[int, Field(ge=1, lt=2**31)]
@@ -181,8 +123,6 @@ class Args:
     """clip each reward to [-c, c] before the n-step sum; logged returns stay the env's"""
     terminal_on_life_loss: bool = True
     """envs with info["lives"] (ALE): a lost life ends the return for learning"""
-    max_episode_frames: Count = 108_000
-    """ALE only: emulator frames after which an episode is truncated (108k = 30 minutes)"""
     target_network_frequency: Count = 500
     """SGD steps between copies of the online network into the target network"""
     learning_starts: Steps = 1_000
@@ -234,14 +174,22 @@ class Args:
     """environment steps between checkpoints (0: none by steps)"""
     checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
     """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    checkpoint_replay: bool = True
-    """include the replay buffer and its priorities in checkpoints"""
+    keep_checkpoints: Count = 1
+    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
-    """environment steps between tensorboard scalars; the console line is every 10 of these"""
+    """environment steps between tensorboard scalars"""
     run_dir: Optional[str] = None
-    """output folder; default runs/<env_id>__apex_dqn__<seed>__<unix_time>"""
+    """output folder (default runs/<env_id>__apex_dqn__<seed>__<unix time>); must be new or empty"""
     resume: Optional[str] = None
     """run folder to continue: its flags, overridden by those typed here; writes there"""
+    capture_video: bool = False
+    """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
+    track: bool = False
+    """log to Weights & Biases too (needs wandb); never read from a run folder"""
+    wandb_project_name: str = "jax-offpolicy-rl"
+    """W&B project"""
+    wandb_entity: Optional[str] = None
+    """W&B team or user"""
 
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
@@ -282,9 +230,15 @@ ATARI_PRESET = dict(
 PRESETS = {"atari": ATARI_PRESET}
 
 
-# ---------------------------------------------------------------------------------------------
-# Network
-# ---------------------------------------------------------------------------------------------
+class ConfigError(Exception):
+    """Bad input (flags, files, envs, a Ray address): one line on stderr and exit 2."""
+
+
+class RunFailed(Exception):
+    """The run cannot go on (divergence, a full disk, an actor that cannot run): one line and exit 1."""
+
+
+# ------------------------------------------------------------------------------------------ NETWORK
 
 
 class QNetwork(nn.Module):
@@ -320,9 +274,7 @@ class QNetwork(nn.Module):
         return nn.Dense(1)(value) + advantage - advantage.mean(axis=-1, keepdims=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Replay: n-step assembly (in the actors) and the prioritized buffer (in the learner)
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- REPLAY
 
 
 class NStepAssembler:
@@ -508,9 +460,7 @@ class PrioritizedReplay:
             self.write_count[:] = 0
 
 
-# ---------------------------------------------------------------------------------------------
-# Learner
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------ LEARNER
 
 
 class TrainState(NamedTuple):
@@ -585,9 +535,7 @@ def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState
     return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
-# ---------------------------------------------------------------------------------------------
-# Acting: the actors
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- ACTING
 
 
 def make_act(q_apply, num_actions: int):
@@ -611,7 +559,7 @@ def actor_epsilon(i: int, num_actors: int, base: float = 0.4, alpha: float = 7.0
 
 class Actor:
     """One Ape-X actor: its own vector env, its own epsilon, its own n-step assembly, and a copy
-    of the learner's parameters. Ray runs it as an actor process (ray.remote(Actor), Part 2);
+    of the learner's parameters. Ray runs it as an actor process (remote_actor_class);
     tests call it directly.
 
     collect() steps the envs until a chunk of at least --chunk-size n-step transitions is ready,
@@ -627,7 +575,7 @@ class Actor:
             seed = int(np.random.SeedSequence([seed, os.getpid()]).generate_state(1)[0] % 2**31)
         self.args = args
         self.epsilon = actor_epsilon(index, num_actors, args.actor_epsilon_base, args.actor_epsilon_alpha)
-        self.envs = make_env(args.env_id, args.num_envs, args.max_episode_frames)
+        self.envs = make_env(args.env_id, args.num_envs)
         space, num_actions = self.envs.single_observation_space, int(self.envs.single_action_space.n)
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         self.act = make_act(network.apply, num_actions)
@@ -637,7 +585,8 @@ class Actor:
         # can end every env's episode and emit n rows per env.
         self.padded = args.chunk_size - 1 + args.num_envs * args.n_step
         self.key = jax.random.PRNGKey(seed)
-        self.obs = seed_envs(self.envs, seed)
+        self.envs.action_space.seed(seed)
+        self.obs, _ = self.envs.reset(seed=seed)
         self.steps, self.since_sync, self.params, self.version = 0, math.inf, None, -1
         self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         self.lives = None
@@ -659,7 +608,7 @@ class Actor:
             next_obs, reward, terminated, truncated, info = self.envs.step(actions)
             done = terminated | truncated
             ends_return = terminated
-            if args.terminal_on_life_loss and "lives" in info:  # ALE: a lost life ends the return
+            if args.terminal_on_life_loss:  # ALE: a lost life ends the return
                 lost, self.lives = lost_life(info, self.lives, done)
                 ends_return = terminated | lost
             out = self.nstep.push(
@@ -691,187 +640,84 @@ class Actor:
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start -> end linearly over `duration`, then end."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
-# ---------------------------------------------------------------------------------------------
-# Training loop: the learner
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------- ENVIRONMENTS
 
 
-def train(args: Args) -> dict:
-    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there).
-    Returns {run_dir, global_step, eval_mean, sgd_steps, actor_restarts}, or {..., signal}."""
-    args = check_args(args)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
-    env_fn = functools.partial(make_env, args.env_id, max_episode_frames=args.max_episode_frames)
-    probe = env_fn(1)
-    num_actions, obs_space = int(probe.single_action_space.n), probe.single_observation_space
-    probe.close()
-    network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(obs_space), dueling=args.dueling)
-    optimizer = make_optimizer(args)
-    key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-    state = init_train_state(network, optimizer, obs_space.shape, init_key)
-    replay = PrioritizedReplay(
-        args.buffer_size, obs_space.shape, obs_space.dtype, args.per_alpha if args.prioritized else 0.0, args.per_eps
-    )
-    act = make_act(network.apply, num_actions)
-    update = make_update(
-        network.apply, optimizer, args, unroll=len(obs_space.shape) == 3 and jax.default_backend() == "cpu"
-    )
-    # Ray and the actors, the run folder, a --resume checkpoint, logging, the prefetch and priority
-    # threads, evaluations and checkpoints: Part 2. The loop below is the learner.
-    run = Run(args, env_fn, replay, act)
-    state, key = run.restore(state, key)
-    lr_end = 0.0 if args.anneal_lr else args.learning_rate
-    with run:
-        run.start_actors(state)
-        while run.global_step < args.total_timesteps and not run.stopped:
-            # STORE: every chunk that has arrived, at the priorities its actor computed; the actor
-            # gets its next request (with the newest parameters) before its chunk is stored.
-            for chunk in run.arrived_chunks(state):
-                replay.add(chunk["transitions"], chunk["priorities"])
-
-            # LEARN: K SGD steps per jitted call; batches from the prefetch thread, priorities back
-            # on another thread.
-            for _ in range(run.update_calls_due()):
-                replay.beta = linear_schedule(args.per_beta0, args.per_beta1, args.total_timesteps, run.global_step)
-                lr = linear_schedule(args.learning_rate, lr_end, args.total_timesteps, run.global_step)
-                batches, indexes, stamps = run.next_batches()
-                state, metrics, priorities = update(state, batches, np.float32(lr))
-                run.learned(state, metrics, indexes, stamps, priorities)
-
-            run.log_if_due()
-            run.evaluate_if_due(state)
-            run.checkpoint_if_due(state, key)
-    return run.finish(state, key)
-
-
-# =============================================================================================
-# PART 2: THE MACHINERY
-# What the algorithm needs to run, and nothing of the algorithm: a reader learning Ape-X can
-# stop here. Flag checks, envs, Ray, threads, the run (folder, resume, actors, logging,
-# evaluation, checkpoints), files, and the command line.
-# =============================================================================================
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors and flag checks
-# ---------------------------------------------------------------------------------------------
-
-
-class ConfigError(Exception):
-    """Bad input from the user: reported as one line, without a traceback."""
-
-
-class RunFailed(Exception):
-    """The run cannot go on (a checkpoint that cannot be written, divergence, an actor that keeps
-    failing): one line, exit 1."""
-
-
-def check_args(args: Args) -> Args:
-    """args_from_json's checks, for Args from the command line or from code."""
-    return args_from_json(dataclasses.asdict(args))
-
-
-# ---------------------------------------------------------------------------------------------
-# Environments
-# ---------------------------------------------------------------------------------------------
-
-FRAME_STACK = 4  # frames per image observation (Nature DQN)
-
-
-def is_planes(space: gym.Space) -> bool:
-    """MinAtar's bool feature planes (H, W, C): told apart by the space, never by the env's name."""
+def is_planes(space) -> bool:
+    """MinAtar's bool feature planes (H, W, C): the state itself, kept as is, no frame stack."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
-def is_image(space: gym.Space) -> bool:
-    """Grey (H, W) or RGB (H, W, 3) uint8 images."""
-    return (
-        isinstance(space, gym.spaces.Box)
-        and space.dtype == np.uint8
-        and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] == 3))
-    )
+def is_image(space) -> bool:
+    """uint8 images, grey (H, W) or RGB (H, W, 3), told by the space, never by the env's name."""
+    shape = getattr(space, "shape", None) or ()
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and (len(shape) == 2 or shape[2:] == (3,))
 
 
-def image_pipeline(probe: gym.Env, max_episode_frames: int) -> Tuple[list, dict]:
-    """(wrappers, env kwargs) giving 84x84 grey frames stacked by 4; ALE games get gymnasium's
-    AtariPreprocessing (no-op starts, 4 frames per step with the max of the last two). The replay
-    keeps the stacks as uint8 pixels (56 KB per transition: docs/apex.md)."""
-    from gymnasium import wrappers
-
-    stack = functools.partial(wrappers.FrameStackObservation, stack_size=FRAME_STACK)
-    if hasattr(probe.unwrapped, "ale"):
-        preprocess = functools.partial(wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)
-        return [preprocess, stack], {"frameskip": 1, "max_num_frames_per_episode": max_episode_frames}
-    grey = [wrappers.GrayscaleObservation] if len(probe.observation_space.shape) == 3 else []
-    return grey + [functools.partial(wrappers.ResizeObservation, shape=(84, 84)), stack], {}
-
-
-def make_env(env_id: str, num_envs: int, max_episode_frames: int = 108_000) -> gym.vector.VectorEnv:
-    """A synchronous vector env in SAME_STEP autoreset mode (the step that ends an episode returns
-    the next one's first observation, the real last one is in info["final_obs"]), checked for what
-    DQN can handle."""
+def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
+    """The default env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
+    ends an episode returns the next one's first observation and the real last one in
+    info["final_obs"]); images get Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing
+    (up to 30 no-ops, action repeat 4 with a max over 2 frames) and 108k-frame episodes."""
     try:
-        import ale_py  # ALE ids are registered by importing ale_py (gymnasium 1.x has no plugins)
+        import ale_py  # registers the ALE ids
 
         gym.register_envs(ale_py)
     except ImportError:
         pass
-    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
-        try:
+    try:
+        if env_id.startswith("MinAtar/") and env_id not in gym.registry:
             import minatar.gym
-        except ImportError:
-            raise ConfigError(f"{env_id} needs MinAtar: pip install minatar") from None
-        minatar.gym.register_envs()
-    try:
+
+            minatar.gym.register_envs()
         probe = gym.make(env_id)
-    except (gym.error.Error, ImportError, AttributeError) as e:  # 'module:Env' ids import a module
-        raise ConfigError(f"cannot make env {env_id!r}: {e}") from None
-    try:
-        action_space, space = probe.action_space, probe.observation_space
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(
-                f"{env_id} has a {type(action_space).__name__} action space; "
-                "DQN needs Discrete actions (use algos/sac.py for continuous control)"
-            )
-        wrappers, kwargs = [], {}
-        if is_image(space):
-            wrappers, kwargs = image_pipeline(probe, max_episode_frames)
-        elif not is_planes(space) and (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1):
-            raise ConfigError(
-                f"{env_id} has observations {space}; this script takes flat vectors or uint8 images, "
-                "(H, W) or (H, W, 3), or bool feature planes (H, W, C)"
-            )
-    finally:
-        probe.close()
+    except ImportError:
+        raise ConfigError(f"{env_id} needs its package (MinAtar: pip install minatar)") from None
+    except (gym.error.Error, AttributeError, ValueError) as e:
+        raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)}") from None
+    space, ale = probe.observation_space, hasattr(probe.unwrapped, "ale")
+    probe.close()
+    vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+    require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
+    takes = "this script takes vectors, uint8 images or bool planes"
+    require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
+    wrappers, kwargs = [], {}
+    if is_image(space) and ale:
+        wrappers = [functools.partial(gym.wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)]
+        kwargs = {"frameskip": 1, "max_num_frames_per_episode": 108_000}
+    elif is_image(space):
+        grey = [gym.wrappers.GrayscaleObservation] if len(space.shape) == 3 else []
+        wrappers = grey + [functools.partial(gym.wrappers.ResizeObservation, shape=(84, 84))]
+    if is_image(space):
+        stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
+        wrappers.append(stack)
+    if video is not None:
+        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
+            os.environ.setdefault("MUJOCO_GL", "egl")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        kwargs["render_mode"] = "rgb_array"
+        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
+
+        def film(env):
+            filmed.append(env)
+            if len(filmed) > 1:
+                return env
+            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+
+        wrappers.append(film)
+    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     return gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        wrappers=wrappers,
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-        **kwargs,
+        env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
     )
 
 
-def seed_envs(envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:
-    """Reset with seeds seed, seed+1, ... (one per sub-env) and seed the action space."""
-    envs.action_space.seed(seed)
-    obs, _ = envs.reset(seed=seed)
-    return obs
-
-
-def lost_life(info: dict, lives: Optional[np.ndarray], done: np.ndarray) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """(envs whose game lost a life this step without ending, the lives now)."""
-    now = np.asarray(info["lives"])
-    return (now < lives) & ~done if lives is not None else np.zeros_like(done), now
-
-
-def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
-    """The observation each step really led to (info["final_obs"] where an episode ended)."""
+def real_next_obs(next_obs, done, info):
+    """The observation each step led to: at an episode's end, info["final_obs"] (SAME_STEP mode)."""
     if not done.any():
         return next_obs
     real = next_obs.copy()
@@ -880,15 +726,26 @@ def real_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndar
     return real
 
 
-def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> np.ndarray:
-    """Returns of `episodes` whole episodes (the env's own rewards), run as parallel envs, the
-    same seeds every time."""
-    envs = env_fn(episodes)
+def lost_life(info, lives, done):
+    """(envs that lost a life without ending the game this step, the lives now)."""
+    if "lives" not in info:
+        return np.zeros_like(done), None
+    now = np.asarray(info["lives"])
+    return ((now < lives) & ~done if lives is not None else np.zeros_like(done)), now
+
+
+def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
+    """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
+    every time; an evaluation a signal cuts short returns None."""
+    envs = env_fn(episodes, video=video)
     try:
-        obs, key = seed_envs(envs, seed), jax.random.PRNGKey(seed)
+        envs.action_space.seed(seed)
+        obs, _ = envs.reset(seed=seed)
         returns, running, t = np.zeros(episodes), np.ones(episodes, bool), 0
         while running.any():
-            actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(t)))
+            if stop:  # a signal arrived: the run checkpoints at once
+                return None
+            actions = np.asarray(act(params, obs, np.float32(epsilon), jax.random.PRNGKey(seed), np.int32(t)))
             obs, reward, terminated, truncated, _ = envs.step(actions)
             returns += reward * running
             running &= ~(terminated | truncated)
@@ -898,9 +755,7 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> n
         envs.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# Ray
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------- RAY
 
 
 def start_ray(args: Args) -> bool:
@@ -999,370 +854,21 @@ def remote_actor_class():
     return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1, runtime_env={"env_vars": env})(Actor)
 
 
-ACTOR_COMEBACK_S = 120  # seconds an actor may send nothing (down, or never placed) before the run ends
+# -------------------------------------------------------------------------------------------- FILES
+# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
+# code. Member meta.json holds the format, the counters and the flags; every other member is one
+# array named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs", ...), checked
+# for name, shape, dtype and range against what this script builds before any of it is used.
+
+
+def require(ok, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 def first_line(error: BaseException) -> str:
     """The first line of an error's message (of its cause, for an error Ray passes on)."""
-    text = str(getattr(error, "cause", None) or error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# Prefetch and priority write-back threads
-# ---------------------------------------------------------------------------------------------
-
-
-def sample_batches(replay: PrioritizedReplay, args: Args):
-    """On the prefetch thread: (batches[K, B, ...] on the device, slot indexes, write counts)."""
-    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
-    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch), indexes, stamps
-
-
-def write_priorities(replay: PrioritizedReplay, indexes, stamps, priorities, first_step: int):
-    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
-    priorities = np.asarray(priorities, np.float64)
-    finite = np.isfinite(priorities).all(axis=1)
-    if not finite.all():
-        step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}; a lower --learning-rate?")
-    if replay.prioritized:  # with alpha = 0 a write changes nothing
-        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
-
-
-def next_multiple(step: int, every: int) -> Optional[int]:
-    """The first multiple of `every` after `step`; None (never) when every is 0."""
-    return (step // every + 1) * every if every else None
-
-
-# ---------------------------------------------------------------------------------------------
-# The run: Ray and the actors, folder, resume, counters, logging, evaluations, checkpoints
-# ---------------------------------------------------------------------------------------------
-
-
-class Run:
-    """Everything train() needs besides the algorithm: Ray and the actors (their requests, their
-    restarts), the run folder, a --resume checkpoint, the counters, the prefetch and priority
-    threads, logging, evaluations, checkpoints, and Ctrl-C / SIGTERM (`with run:` stops the
-    threads, the actors and a Ray it started however the loop ends)."""
-
-    def __init__(self, args: Args, env_fn, replay: PrioritizedReplay, act):
-        self.args, self.env_fn, self.replay, self.act = args, env_fn, replay, act
-        self.global_step = self.episodes = self.restarts = 0
-        self.sgd_base, self.learn_from = 0, args.learning_starts
-        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-        self.ahead, self.writes = collections.deque(), collections.deque()
-        self.stop = StopRequest()
-        self.metrics: dict = {}
-        self.last_eval: Optional[str] = None
-        self.actors: list = []
-        self.pending: dict = {}  # request (a Ray reference) -> actor index
-        self.own_ray = False
-
-    @property
-    def stopped(self) -> bool:
-        return self.stop.signum is not None
-
-    def restore(self, state: TrainState, key):
-        """(state, key) of the --resume checkpoint, or the fresh ones given; then the run folder,
-        the logger and the counters."""
-        args = self.args
-        if args.resume:
-            ckpt = os.path.join(args.resume, "checkpoint.npz")
-            meta, arrays = load_npz(ckpt)
-            state = restore_tree(state, arrays, "train_state/", ckpt)
-            key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, ckpt))
-            self.global_step, self.episodes = meta.get("global_step"), meta.get("episodes")
-            counts = (self.global_step, self.episodes)
-            require(all(type(v) is int and 0 <= v < 2**40 for v in counts), f"{ckpt}: bad counters in meta.json")
-            if any(name.startswith("replay/") for name in arrays):
-                self.replay.load_state_dict(arrays, ckpt)
-            rows = self.replay.size()
-            if rows < args.learning_starts:  # learning waits for new rows, and does not catch up after
-                self.sgd_base, self.learn_from = int(state.sgd_steps), self.global_step + args.learning_starts - rows
-            print(f"resumed {args.resume} at step {self.global_step} ({int(state.sgd_steps)} SGD steps, {rows} rows)")
-        self.sgd_done = int(state.sgd_steps)
-        self.run_dir = args.run_dir or os.path.join(
-            "runs", f"{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-        )
-        try:
-            os.makedirs(self.run_dir, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot make the run folder {self.run_dir} ({e.strerror or e})") from None
-        for name in os.listdir(self.run_dir):  # a write that a kill cut short
-            if ".tmp." in name:
-                os.remove(os.path.join(self.run_dir, name))
-        write_atomic(
-            os.path.join(self.run_dir, "args.json"),
-            lambda f: f.write(json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()),
-        )
-        step = self.global_step
-        self.logger = Logger(self.run_dir, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
-        self.saved_time = time.monotonic()
-        self.window = {"time": time.perf_counter(), "step": step, "sgd": self.sgd_done, "wait": 0.0, "learn": 0.0}
-        self.next_eval, self.next_log = next_multiple(step, args.eval_every), next_multiple(step, args.log_every)
-        self.next_ckpt = next_multiple(step, args.checkpoint_every)
-        self.lag = []
-        return state, key
-
-    # -- the actors ------------------------------------------------------------------------------
-
-    def start_actors(self, state: TrainState) -> None:
-        """Start the actors (Ray was started by `with run:`) and send each its first request. The
-        seeds move with the step, so that a resumed run does not replay the episodes it began with."""
-        args = self.args
-        n = resolved_actors(args)
-        remote = remote_actor_class()
-        seed = args.seed + self.global_step
-        self.actors = [remote.remote(args, i, n, seed + 10_007 * i) for i in range(n)]
-        now = time.monotonic()
-        # epsilon and pid as each actor reports them with its chunks
-        self.info = [dict(epsilon=None, pid=None, restarts=0, heard=now) for _ in range(n)]
-        self.publish(state)
-        for i in range(n):
-            self.request(i)
-        where = f"local, {node_address()}" if self.own_ray else args.ray_address or "already running"
-        print(f"{n} actors on Ray ({where})", flush=True)
-
-    def publish(self, state: TrainState) -> None:
-        """Put the newest parameters in Ray's object store for the requests sent from now on (an
-        actor fetches them only when its sync is due). Once per round of actor syncs
-        (--param-sync-every steps of every actor), not per update: each request in flight holds
-        the copy it was sent with, so publishing more often would keep up to one copy per actor."""
-        import ray
-
-        self.published = [ray.put((self.sgd_done, jax.device_get((state.params, state.target_params))))]
-        self.published_step = self.global_step
-
-    def request(self, i: int) -> None:
-        self.pending[self.actors[i].collect.remote(self.published)] = i
-
-    def arrived_chunks(self, state: TrainState) -> list:
-        """The chunks that have arrived, each actor sent its next request first. When there is
-        nothing to learn yet, waits (up to 0.1 s) for one, instead of spinning."""
-        import ray
-
-        args = self.args
-        if self.global_step - self.published_step >= args.param_sync_every * args.num_envs * len(self.actors):
-            self.publish(state)
-        now, ready = time.monotonic(), []
-        if self.pending:
-            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=0.0 if self.update_calls_due() else 0.1)
-        else:
-            time.sleep(0.1)
-        if ready:  # and whatever else is ready by now
-            ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
-        chunks = []
-        for ref in ready:
-            i = self.pending.pop(ref)
-            try:
-                chunk = ray.get(ref)
-            except ray.exceptions.RayActorError as e:  # not a restart (Ray retries those): it cannot run
-                raise RunFailed(f"actor {i} cannot run: {first_line(e)}") from None
-            except ray.exceptions.RayTaskError as e:  # an exception inside collect(): a bug, not a fault
-                raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
-            except ray.exceptions.RayError as e:  # Ray itself: a lost object, a node gone, out of memory
-                raise RunFailed(f"Ray failed while getting actor {i}'s chunk: {first_line(e)}") from None
-            self.request(i)
-            self.actor_up(i, chunk)
-            self.count(chunk)
-            chunks.append(chunk)
-        for i, entry in enumerate(self.info):
-            if now - entry["heard"] > ACTOR_COMEBACK_S:  # down, or never placed (a cluster short of CPUs)
-                raise RunFailed(f"actor {i} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
-        return chunks
-
-    def actor_up(self, i: int, chunk: dict) -> None:
-        """A chunk from actor i: a process id not seen before (after the first) is a restart."""
-        entry = self.info[i]
-        entry["heard"] = time.monotonic()
-        if entry["pid"] != chunk["pid"]:
-            if entry["pid"] is not None:
-                entry["restarts"] += 1
-                self.restarts += 1
-                print(
-                    f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost",
-                    flush=True,
-                )
-            entry.update(pid=chunk["pid"], epsilon=chunk["epsilon"])
-            self.write_actors()
-
-    def count(self, chunk: dict) -> None:
-        self.global_step += chunk["env_steps"]
-        self.lag.append(self.sgd_done - chunk["version"])
-        for ret, length in chunk["episodes"]:
-            self.episodes += 1
-            self.logger.scalars(self.global_step, {"charts/episodic_return": ret, "charts/episodic_length": length})
-
-    def write_actors(self) -> None:
-        """RUN_DIR/actors.json: each actor's epsilon (as the actor reports it), process id and
-        restarts, rewritten when one changes."""
-        actors = [{"actor": i, **{k: e[k] for k in ("epsilon", "pid", "restarts")}} for i, e in enumerate(self.info)]
-        write_atomic(
-            os.path.join(self.run_dir, "actors.json"), lambda f: f.write(json.dumps(actors, indent=1).encode())
-        )
-
-    # -- the learner -----------------------------------------------------------------------------
-
-    def update_calls_due(self) -> int:
-        """Jitted update calls due now: one SGD step per --train-frequency env steps received once
-        the replay holds --learning-starts rows (with 0, one call whenever the replay is ready)."""
-        args = self.args
-        if self.replay.size() < args.learning_starts or self.global_step < self.learn_from:
-            return 0
-        if args.train_frequency == 0:
-            return 1
-        sgd_due = self.sgd_base + (self.global_step - self.learn_from) // args.train_frequency
-        return max(0, sgd_due - self.sgd_done) // args.updates_per_call
-
-    def next_batches(self):
-        """(batches, slot indexes, write counts) from the prefetch thread, prefetch_size calls ahead."""
-        while len(self.ahead) <= self.args.prefetch_size:
-            self.ahead.append(self.sampler.submit(sample_batches, self.replay, self.args))
-        self.t0 = time.perf_counter()
-        batches = self.ahead.popleft().result()
-        self.window["wait"] += time.perf_counter() - self.t0
-        return batches
-
-    def learned(self, state: TrainState, metrics: dict, indexes, stamps, priorities) -> None:
-        self.writes.append(
-            self.writer.submit(write_priorities, self.replay, indexes, stamps, priorities, self.sgd_done)
-        )
-        while self.writes and self.writes[0].done():
-            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
-        self.window["learn"] += time.perf_counter() - self.t0
-        self.sgd_done += self.args.updates_per_call
-        self.metrics = metrics
-
-    # -- logging, evaluation, checkpoints ---------------------------------------------------------
-
-    def log_if_due(self) -> None:
-        args, step = self.args, self.global_step
-        if step < self.next_log:
-            return
-        self.next_log = next_multiple(step, args.log_every)
-        now = time.perf_counter()
-        window, elapsed = self.window, now - self.window["time"]
-        sgd = self.sgd_done - window["sgd"]
-        scalars = {
-            "charts/SPS": (step - window["step"]) / elapsed,
-            "replay/beta": self.replay.beta,
-            "replay/priority_max": self.replay.max_priority(),
-            "replay/size": self.replay.size(),
-            "perf/updates_per_second": sgd / elapsed,
-            "perf/replay_ratio": sgd * args.batch_size / max(step - window["step"], 1),
-            "apex/actor_restarts": self.restarts,
-        }
-        if self.lag:
-            scalars["apex/param_lag"] = float(np.mean(self.lag))
-        if window["learn"] > 0:
-            scalars["perf/learner_wait_fraction"] = window["wait"] / window["learn"]
-        scalars.update({k: float(v) for k, v in self.metrics.items()})
-        self.logger.scalars(step, scalars)
-        self.logger.flush()
-        if step % (10 * args.log_every) < step - window["step"] or step >= args.total_timesteps:
-            print(
-                f"step {step:>8d}  SPS {scalars['charts/SPS']:6.0f}"
-                f"  updates/s {scalars['perf/updates_per_second']:6.0f}"
-                f"  loss {scalars.get('losses/td_loss', float('nan')):.4f}  episodes {self.episodes}"
-                f"  restarts {self.restarts}  eval {self.last_eval or '-'}",
-                flush=True,
-            )
-        window.update(time=now, step=step, sgd=self.sgd_done, wait=0.0, learn=0.0)
-        self.lag = []
-
-    def evaluate(self, state: TrainState) -> np.ndarray:
-        args = self.args
-        returns = evaluate(
-            self.act, state.params, self.env_fn, args.eval_episodes, args.eval_epsilon, args.seed + 10_000
-        )
-        self.logger.eval(self.global_step, returns)
-        self.last_eval = f"{returns.mean():.1f}"
-        return returns
-
-    def evaluate_if_due(self, state: TrainState) -> None:
-        if self.next_eval <= self.global_step < self.args.total_timesteps:  # the final one comes in finish()
-            self.next_eval = next_multiple(self.global_step, self.args.eval_every)
-            self.evaluate(state)
-
-    def checkpoint(self, state: TrainState, key) -> None:
-        while self.writes:
-            self.writes.popleft().result()  # the priorities of every update so far are in the replay
-        arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key)}
-        if self.args.checkpoint_replay:
-            arrays.update(self.replay.state_dict())
-        meta = {**self.meta, "kind": "checkpoint", "global_step": self.global_step, "episodes": self.episodes}
-        save_npz(os.path.join(self.run_dir, "checkpoint.npz"), meta, arrays)
-        self.saved_time = time.monotonic()
-
-    def checkpoint_if_due(self, state: TrainState, key) -> None:
-        args = self.args
-        if (self.next_ckpt is not None and self.global_step >= self.next_ckpt) or (
-            args.checkpoint_minutes and time.monotonic() - self.saved_time >= 60 * args.checkpoint_minutes
-        ):
-            self.next_ckpt = next_multiple(self.global_step, args.checkpoint_every)
-            self.checkpoint(state, key)
-
-    def __enter__(self):
-        try:
-            # Ray first: ray.init sets a SIGTERM handler of its own (which exits at once), ours
-            # must come after it so that a SIGTERM still ends the run with a checkpoint.
-            self.own_ray = start_ray(self.args)
-            self.stop.__enter__()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.__exit__(*exc)
-        self.close()
-        if exc[0] is not None:  # finish() will not run: write out the events since the last tick
-            self.logger.close()
-
-    def close(self) -> None:
-        """Stop the threads and the actors, and a Ray this run started."""
-        self.sampler.shutdown(cancel_futures=True)
-        self.writer.shutdown()
-        if self.actors or self.own_ray:
-            import ray
-
-            for actor in self.actors:
-                ray.kill(actor, no_restart=True)
-            self.actors, self.pending = [], {}
-            if self.own_ray:
-                ray.shutdown()
-                self.own_ray = False
-
-    def finish(self, state: TrainState, key) -> dict:
-        """The last checkpoint; then, unless a signal stopped the run, model.npz and the final
-        evaluation."""
-        self.checkpoint(state, key)
-        run_dir, step = self.run_dir, self.global_step
-        summary = {"run_dir": run_dir, "global_step": step, "actor_restarts": self.restarts}
-        if self.stopped:
-            self.logger.close()
-            print(f"stopped by signal {self.stop.signum} at step {step}; continue with --resume {run_dir}", flush=True)
-            return {**summary, "signal": self.stop.signum}
-        save_npz(
-            os.path.join(run_dir, "model.npz"), {**self.meta, "kind": "model"}, tree_arrays("params/", state.params)
-        )
-        returns = self.evaluate(state)
-        self.logger.close()
-        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": int(state.sgd_steps)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoint and model files
-# ---------------------------------------------------------------------------------------------
-
-# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
-# code. Member meta.json holds the format, the counters and the flags; every other member is one
-# array named by its place, checked for name, shape, dtype and range before any of it is used.
+    return (str(getattr(error, "cause", None) or error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def write_atomic(path: str, write) -> None:
@@ -1387,7 +893,24 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
     write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
 
 
-def load_npz(path: str, kind: str = "checkpoint") -> Tuple[dict, dict]:
+def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
+    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
+    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    try:
+        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
+            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
+            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
+        save_npz(path, meta, arrays)
+        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
+        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
+        for old in kept[: max(0, len(kept) - keep + 1)]:
+            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
+    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
+        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
+
+
+def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
     path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
     require(os.path.isfile(path), f"no such file: {path}")
@@ -1446,10 +969,6 @@ def args_from_json(saved, where: str = "") -> Args:
         (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
         (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
         (args.num_actors != 0, "--num-actors must be positive or -1 (as the cores allow)"),
-        (
-            ":" not in args.env_id or not where,
-            f"env id {args.env_id!r} names a module to import; not taken from a file",
-        ),
     )
     for ok, message in between:
         if not ok:
@@ -1462,95 +981,362 @@ def json_value(value):
     return value.item() if isinstance(value, np.generic) else str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# Logging
-# ---------------------------------------------------------------------------------------------
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
+    args = args_from_json(dataclasses.asdict(args))
+    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
+        try:
+            getattr(args, flag) and __import__(package)
+        except ImportError:
+            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    return args
 
 
-EVENT_FILES = itertools.count()  # tells apart the event files of one process and second
+# ------------------------------------------------------------------------------------------ LOGGING
 
 
 class Logger:
-    """Tensorboard scalars through tensorboard's own record writer, and eval.csv."""
+    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
+    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
+    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
 
-    def __init__(self, run_dir: str, keep_until: Optional[int] = None):
+    def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        # tensorboard's own event format and record writer, written on this thread into a buffered
-        # file that flush() empties at each log tick. Its EventFileWriter would hand each event to a
-        # writer thread: at one event per episode, that thread's turns at the GIL cost about 12% of
-        # a CartPole run at CleanRL's settings (docs/benchmarks.md, Speed).
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(EVENT_FILES)}"
-        self._file = open(os.path.join(run_dir, name), "wb")
-        self._writer = RecordWriter(self._file)
-        self._write(file_version="brain.Event:2")
-        self._file.flush()  # the file's first event on disk at once, as tensorboard's writer does
-        self._eval_csv = os.path.join(run_dir, "eval.csv")
-        if keep_until is not None and os.path.exists(self._eval_csv):
-            # Rows logged after the checkpoint belong to steps about to be done again.
-            with open(self._eval_csv, newline="") as f:
-                rows = list(csv.reader(f))
-            keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= keep_until]
-            with open(self._eval_csv + ".tmp", "w", newline="") as f:
-                csv.writer(f).writerows(keep)
-            os.replace(self._eval_csv + ".tmp", self._eval_csv)
+        self.event, self.summary, self.wandb = event_pb2.Event, summary_pb2.Summary, None
+        if args.track:
+            import wandb
 
-    def _write(self, **fields) -> None:
-        self._writer.write(self._event(wall_time=time.time(), **fields).SerializeToString())
+            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            try:
+                self.wandb = wandb.init(
+                    project=args.wandb_project_name,
+                    entity=args.wandb_entity,
+                    config=config,
+                    name=name,
+                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
+                    dir=run_dir,
+                    resume="allow",
+                )
+            except wandb.errors.Error as e:
+                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
+            self.wandb.define_metric("*", step_metric="global_step")
+        name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
+        self.file = open(os.path.join(run_dir, name), "xb")
+        self.writer = RecordWriter(self.file)
+        self.writer.write(self.event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self.file.flush()
+        self.csv, rows = os.path.join(run_dir, "eval.csv"), ["step,mean,std,episodes\n"]
+        if resumed_at is not None and os.path.isfile(self.csv):  # the rows after the checkpoint are redone
+            with open(self.csv, errors="replace") as f:  # the folder's file: maybe not even text
+                steps = [(r, r.split(",")[0]) for r in f]
+            kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
+            rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
+        write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
 
     def scalars(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
-        self._write(step=int(step), summary=summary)
+        summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+        self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+        if self.wandb is not None:
+            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray) -> None:
+    def eval(self, step: int, returns: np.ndarray, video: Optional[str] = None) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
-        new = not os.path.exists(self._eval_csv)
-        with open(self._eval_csv, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(["step", "mean", "std", "episodes"])
-            writer.writerow([step, f"{returns.mean():.4f}", f"{returns.std():.4f}", len(returns)])
-
-    def flush(self) -> None:
-        self._file.flush()
+        with open(self.csv, "a") as f:
+            f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
+        if self.wandb is not None and video and os.path.isfile(video):
+            self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
-        self._file.close()
+        self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line, resume and signals
-# ---------------------------------------------------------------------------------------------
+def open_run_dir(args: Args) -> str:
+    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
+    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
+    run_dir = (
+        args.resume
+        or args.run_dir
+        or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    )
+    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
+    os.makedirs(run_dir, exist_ok=True)
+    require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
+    for folder, subfolders, files in os.walk(run_dir):
+        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links
+            subfolders.remove("wandb")
+        for name in subfolders + files:
+            require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+    for name in os.listdir(run_dir):
+        if ".tmp." in name and args.resume:
+            os.remove(os.path.join(run_dir, name))
+    return run_dir
 
 
-class StopRequest:
-    """SIGINT/SIGTERM set a flag that the loop checks, so the last checkpoint is taken from a
-    consistent state; a second signal interrupts at once."""
+def sample_batches(replay: PrioritizedReplay, args: Args):
+    """On the prefetch thread: (batches[K, B, ...] on the device, slot indexes, write counts)."""
+    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
+    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
+    return jax.device_put(batch), indexes, stamps
 
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._previous = {}
 
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
+def write_priorities(replay: PrioritizedReplay, indexes, stamps, priorities, first_step: int):
+    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
+    priorities = np.asarray(priorities, np.float64)
+    finite = np.isfinite(priorities).all(axis=1)
+    if not finite.all():
+        step = first_step + int(np.argmin(finite)) + 1
+        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}; a lower --learning-rate?")
+    if replay.prioritized:  # with alpha = 0 a write changes nothing
+        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
-    def _handle(self, signum, frame):
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
 
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+def next_multiple(step: int, every: int):
+    return (step // every + 1) * every if every else float("inf")
+
+
+def actor_chunk(ref, i: int) -> dict:
+    """Actor i's chunk, or one line on why it cannot come: Ray retries a request itself when the
+    actor's process died, so what reaches here is not a restart."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise RunFailed(f"actor {i} cannot run: {first_line(e)}") from None
+    except ray.exceptions.RayTaskError as e:  # an exception inside collect(): a bug, not a fault
+        raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
+    except ray.exceptions.RayError as e:  # Ray itself: a lost object, a node gone, out of memory
+        raise RunFailed(f"Ray failed while getting actor {i}'s chunk: {first_line(e)}") from None
+
+
+# -------------------------------------------------------------------------------------------- TRAIN
+
+
+def train(args: Args) -> dict:
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there).
+    Returns a summary dict."""
+    args = check_args(args)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
+    env_fn = functools.partial(make_env, args.env_id)
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        probe = env_fn(1)
+        num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
+        probe.close()
+        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
+        optimizer = make_optimizer(args)
+        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        state = init_train_state(network, optimizer, space.shape, init_key)
+        alpha = args.per_alpha if args.prioritized else 0.0
+        replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
+        act = make_act(network.apply, num_actions)
+        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
+        update = make_update(network.apply, optimizer, args, unroll)
+        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
+        if args.resume:
+            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay)
+        sgd_done, rows = int(state.sgd_steps), replay.size()
+        sgd_base, learn_from = 0, args.learning_starts
+        if rows < args.learning_starts:  # a resume with fewer rows waits for new ones, and does not catch up after
+            sgd_base, learn_from = sgd_done, step + args.learning_starts - rows
+        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
+        cleanup.callback(logger.close)
+        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
+        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
+        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
+        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
+        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        cleanup.callback(writer.shutdown)
+        cleanup.callback(sampler.shutdown, cancel_futures=True)
+        ahead, writes, stopped = collections.deque(), collections.deque(), []
+        if start_ray(args):  # before the signal handlers: ray.init sets a SIGTERM handler that exits at once
+            cleanup.callback(__import__("ray").shutdown)
+        import ray
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+        n, remote = resolved_actors(args), remote_actor_class()
+        actors = [remote.remote(args, i, n, args.seed + step + 10_007 * i) for i in range(n)]  # new episodes on resume
+        cleanup.callback(lambda: [ray.kill(actor, no_restart=True) for actor in actors])
+        info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
+        heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
+        metrics, last_eval, lr_end = {}, "-", 0.0 if args.anneal_lr else args.learning_rate
+        next_log, next_eval, next_ckpt = (
+            next_multiple(step, every) for every in (args.log_every, args.eval_every, args.checkpoint_every)
+        )
+        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
+
+        def publish():
+            """The newest parameters in Ray's object store for the requests sent from now on: once per
+            round of actor syncs, since each request in flight holds the copy it was sent with."""
+            nonlocal published, published_step
+            published = [ray.put((sgd_done, jax.device_get((state.params, state.target_params))))]
+            published_step = step
+
+        def calls_due() -> int:
+            """One SGD step per --train-frequency env steps received, once the replay is ready."""
+            if replay.size() < args.learning_starts or step < learn_from:
+                return 0
+            if args.train_frequency == 0:
+                return 1
+            return max(0, sgd_base + (step - learn_from) // args.train_frequency - sgd_done) // args.updates_per_call
+
+        def checkpoint():
+            nonlocal saved_step, saved_time
+            while writes:
+                writes.popleft().result()  # the priorities of every update so far are in the replay
+            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
+            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
+            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
+            saved_step, saved_time = step, time.monotonic()
+
+        def evaluation(prefix: str):
+            nonlocal missed
+            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
+            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+            returns = evaluate(
+                act, state.params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
+            )
+            if returns is not None:
+                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+            return returns
+
+        published, published_step = None, step
+        publish()
+        for i, actor in enumerate(actors):
+            pending[actor.collect.remote(published)] = i
+        where = f"local, {node_address()}" if args.ray_address is None else args.ray_address
+        print(f"{n} actors on Ray ({where})", flush=True)
+        if redo:  # the evaluation a signal cut short
+            evaluation("eval")
+        while step < args.total_timesteps and not stopped:
+            # STORE: every chunk that has arrived (waiting up to 0.1 s for one when there is nothing to
+            # learn), at its actor's priorities; the actor gets its next request first.
+            if step - published_step >= args.param_sync_every * args.num_envs * n:
+                publish()
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.0 if calls_due() else 0.1)
+            if ready:  # and whatever else is ready by now
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            for ref in ready:
+                i = pending.pop(ref)
+                chunk = actor_chunk(ref, i)
+                pending[actors[i].collect.remote(published)] = i
+                heard[i] = time.monotonic()
+                if info[i]["pid"] != chunk["pid"]:  # a process not seen before, after the first: a restart
+                    if info[i]["pid"] is not None:
+                        info[i]["restarts"], restarts = info[i]["restarts"] + 1, restarts + 1
+                        print(f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost")
+                    info[i].update(pid=chunk["pid"], epsilon=chunk["epsilon"])
+                    actors_json = json.dumps(info, indent=1).encode()
+                    write_atomic(os.path.join(run_dir, "actors.json"), lambda f, data=actors_json: f.write(data))
+                replay.add(chunk["transitions"], chunk["priorities"])
+                step += chunk["env_steps"]
+                lag.append(sgd_done - chunk["version"])
+                for ret, length in chunk["episodes"]:
+                    episodes += 1
+                    logger.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+            silent = [i for i in range(n) if time.monotonic() - heard[i] > ACTOR_COMEBACK_S]
+            if silent:  # down, or never placed (a cluster short of CPUs)
+                raise RunFailed(f"actor {silent[0]} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
+
+            # LEARN: K SGD steps per jitted call; batches come from the prefetch thread, priorities go
+            # back on the writer thread. The learning rate is an input: it anneals over env steps received.
+            for _ in range(calls_due()):
+                replay.beta = linear_schedule(args.per_beta0, args.per_beta1, args.total_timesteps, step)
+                lr = np.float32(linear_schedule(args.learning_rate, lr_end, args.total_timesteps, step))
+                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
+                    ahead.append(sampler.submit(sample_batches, replay, args))
+                t0 = time.perf_counter()
+                batches, indexes, stamps = ahead.popleft().result()
+                tick["wait"] += time.perf_counter() - t0
+                state, metrics, priorities = update(state, batches, lr)
+                writes.append(writer.submit(write_priorities, replay, indexes, stamps, priorities, sgd_done))
+                while writes and writes[0].done():
+                    writes.popleft().result()  # raises the writer's error, e.g. divergence
+                tick["learn"] += time.perf_counter() - t0
+                sgd_done += args.updates_per_call
+
+            if step >= next_log:
+                next_log, last = next_multiple(step, args.log_every), tick
+                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+                sps, sgd = (step - last["step"]) / (tick["time"] - last["time"]), sgd_done - last["sgd"]
+                scalars = {"charts/SPS": sps, "replay/beta": replay.beta, "replay/priority_max": replay.max_priority()}
+                scalars["replay/size"], scalars["apex/actor_restarts"] = replay.size(), restarts
+                scalars["perf/updates_per_second"] = sgd / (tick["time"] - last["time"])
+                scalars["perf/replay_ratio"] = sgd * args.batch_size / max(step - last["step"], 1)
+                if lag:
+                    scalars["apex/param_lag"], lag = float(np.mean(lag)), []
+                if last["learn"]:
+                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
+                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
+                logger.file.flush()
+                loss = float(metrics.get("losses/td_loss", float("nan")))
+                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  restarts {restarts}  eval {last_eval}"
+                bar.update(step - bar.n)
+                bar.set_postfix_str(line, refresh=False)
+                if bar.disable and (step % (10 * args.log_every) < step - last["step"] or step >= args.total_timesteps):
+                    print(f"step {step:>8d}  {line}", flush=True)
+            if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
+                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
+                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
+            minutes = (time.monotonic() - saved_time) / 60
+            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
+                next_ckpt = next_multiple(step, args.checkpoint_every)
+                checkpoint()
+        if saved_step != step:
+            checkpoint()
+        bar.update(step - bar.n)  # the steps after the last log tick
+        bar.close()  # before anything else prints
+        summary = {"run_dir": run_dir, "global_step": step, "sgd_steps": sgd_done, "actor_restarts": restarts}
+        if not stopped:
+            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))
+            returns = evaluation("final")
+        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
+            print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
+            return {**summary, "signal": stopped[0]}
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
+        return {**summary, "eval_mean": float(returns.mean())}
+
+
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay):
+    """(train state, key, global step, episodes, whether an evaluation was cut short) of
+    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
+    meta, arrays = load_npz(path, "checkpoint")
+    state = restore_tree(state, arrays, "train_state/", path)
+    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
+    step, episodes = meta.get("global_step"), meta.get("episodes")
+    require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    require(0 <= int(state.sgd_steps) < 2**31, f"{path}: train_state/sgd_steps is out of range")
+    replay.load_state_dict(arrays, path)
+    rows = replay.size()
+    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
+    return state, key, step, episodes, meta.get("eval_missed") is True
+
+
+def on_signal(stopped: list, signum, frame):
+    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second
+    signal interrupts at once."""
+    if stopped:
+        raise KeyboardInterrupt
+    stopped.append(signum)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
 
 
 def parse_args(argv=None) -> Args:
     """tyro's parse; --preset swaps in the preset's defaults, --resume the run's own flags, and any
-    flag typed here wins over both. Where to write comes from here only."""
+    flag typed here wins over both. Where to write and what to send where come from here only."""
     argv = sys.argv[1:] if argv is None else list(argv)
     preset = None
     for i, token in enumerate(argv):  # the last one wins, as in tyro
@@ -1571,12 +1357,13 @@ def parse_args(argv=None) -> Args:
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
-    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume)
-
-
-def require(ok, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
+    local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
+    require(
+        ":" not in args.env_id or args.env_id == typed.env_id,
+        f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm",
+    )
+    return args
 
 
 def cli(argv=None) -> int:
@@ -1585,6 +1372,9 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
+        print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
+        return 1
     return 128 + result["signal"] if "signal" in result else 0
 
 

@@ -62,7 +62,7 @@ def test_actor_chunk_is_what_the_env_did():
     rows = [actor.collect([(0, (online, target))])["transitions"] for _ in range(8)]
     rows = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     envs = apex.make_env(args.env_id, 1)
-    obs = apex.seed_envs(envs, 123)
+    obs, _ = envs.reset(seed=123)
     ends = {"terminated": 0, "truncated": 0}
     for t in range(len(rows["action"])):
         np.testing.assert_array_equal(rows["obs"][t], obs[0])
@@ -341,13 +341,13 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert f"continue with --resume {tmp_path}" in stdout
-    meta, arrays = apex.load_npz(str(tmp_path / "checkpoint.npz"))
+    meta, arrays = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")
     rows, sgd, step = len(arrays["replay/priority"]), int(arrays["train_state/sgd_steps"]), meta["global_step"]
     assert step >= 10_000 and rows >= step - 2 * 50 and sgd > 0
     second = run_script("--resume", str(tmp_path), "--total-timesteps", str(step + 6000))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows)" in second.stdout
-    meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"))
+    assert f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows in the replay)" in second.stdout
+    meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")
     assert meta2["global_step"] >= step + 6000 and int(arrays2["train_state/sgd_steps"]) > sgd
     assert len(arrays2["replay/priority"]) >= rows
     steps = [int(line.split(",")[0]) for line in open(tmp_path / "eval.csv").read().split()[1:]]

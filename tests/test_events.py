@@ -105,20 +105,16 @@ def test_a_killed_run_keeps_its_events_up_to_the_last_log_tick(script, tmp_path)
 @pytest.mark.parametrize("script", ["dqn_prioritized", "sac", "bc_offline", "apex_dqn"])
 def test_logger_writes_what_tensorboard_reads(script, tmp_path):
     """Each script's Logger on its own (apex_dqn.py's runs need Ray; its Logger does not): the
-    first event is on disk at once, scalars and evaluations read back after flush(), a second
-    Logger in the same folder (a resume) writes a second file that sorts after the first, close()
-    writes out what came after the last flush, and may come twice (after an error, then from
-    finish()). The Logger of dqn_prioritized.py, sac.py and bc_offline.py takes the run's Args (its
-    --track) and has no flush(): the loop flushes its buffered file."""
+    first event is on disk at once, scalars and evaluations read back after the loop flushes its
+    buffered file, a second Logger in the same folder (a resume) writes a second file that sorts
+    after the first, close() writes out what came after the last flush, and may come twice."""
     module = load_script(script)
 
     def new_logger():
-        if script != "apex_dqn":
-            return module.Logger(str(tmp_path), module.Args())
-        return module.Logger(str(tmp_path))
+        return module.Logger(str(tmp_path), module.Args())
 
     logger = new_logger()
-    flush = logger.file.flush if script != "apex_dqn" else logger.flush
+    flush = logger.file.flush
     assert events(str(tmp_path)).file_version == 2.0  # before anything is flushed by hand
     logger.scalars(100, {"charts/SPS": 12.5, "losses/td_loss": 0.25})
     returns = np.array([1.0, 3.0])
