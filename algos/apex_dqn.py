@@ -1127,6 +1127,13 @@ def train(args: Args) -> dict:
         probe = env_fn(1)
         num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
         probe.close()
+        # Ray first: a bad --ray-address then writes nothing, and the signal handlers set below come
+        # after ray.init's own SIGTERM handler, which exits at once.
+        started_ray = start_ray(args)
+        import ray
+
+        if started_ray:
+            cleanup.callback(ray.shutdown)
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         optimizer = make_optimizer(args)
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
@@ -1154,10 +1161,6 @@ def train(args: Args) -> dict:
         cleanup.callback(writer.shutdown)
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
-        if start_ray(args):  # before the signal handlers: ray.init sets a SIGTERM handler that exits at once
-            cleanup.callback(__import__("ray").shutdown)
-        import ray
-
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         n, remote = resolved_actors(args), remote_actor_class()
