@@ -433,28 +433,30 @@ class PrioritizedReplay:
             state["replay/next_index"] = np.asarray(self.buffer.get_next_index(), np.int64)
         return state
 
-    def load_state_dict(self, arrays: dict, path: str) -> None:
+    def load_state_dict(self, arrays: dict, path: str, num_actions: int) -> None:
         """Check every array against this replay's layout (the file may be hostile), then rebuild
         cpprb slot by slot, so that the rows, their priorities and the insert position match."""
-        prio = arrays.get("replay/priority")
-        stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
-        if not 0 <= stored <= self.capacity:
-            raise ConfigError(f"{path}: replay/priority is not a vector of at most --buffer-size {self.capacity} rows")
-        checked_array(arrays, "replay/priority", (stored,), np.float64, path)
-        k = int(checked_array(arrays, "replay/next_index", (), np.int64, path))
-        if not (np.isfinite(prio).all() and (prio >= 0).all() and 0 <= k < self.capacity):
-            raise ConfigError(f"{path}: the replay's priorities or insert position are out of range")
-        if not (k == stored % self.capacity or stored == self.capacity):
-            raise ConfigError(f"{path}: the replay's insert position does not match its rows")
+        require("replay/priority" in arrays, f"{path} holds no replay (an earlier --no-checkpoint-replay): start anew")
+        prio = arrays["replay/priority"]
+        stored = len(prio) if prio.ndim == 1 else -1
+        require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
+        get = functools.partial(checked_array, arrays, path=path)
+        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         data = {
-            key: checked_array(arrays, f"replay/{key}", (stored,) + (self.shapes[key] or (1,)), self.dtypes[key], path)
-            for key in self.KEYS
+            key: get(f"replay/{key}", (stored,) + (self.shapes[key] or (1,)), self.dtypes[key]) for key in self.KEYS
         }
+        require(np.all((prio >= 0) & (prio <= 1e30)), f"{path}: replay priorities out of range [0, 1e30]")
+        full = stored == self.capacity
+        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
+        require(np.all((data["action"] >= 0) & (data["action"] < num_actions)), f"{path}: replay actions out of range")
+        require(
+            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
+        )
         with self.lock:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if stored == self.capacity and k:  # rewrite [0, k) so that the next insert goes to k
+                if full and k:  # rewrite [0, k) so that the next insert goes to k
                     self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
                 self.priority[:stored] = prio
             self.write_count[:] = 0
@@ -658,7 +660,7 @@ def is_image(space) -> bool:
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """The default env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
+    """The env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
     ends an episode returns the next one's first observation and the real last one in
     info["final_obs"]); images get Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing
     (up to 30 no-ops, action repeat 4 with a max over 2 frames) and 108k-frame episodes."""
@@ -1067,10 +1069,10 @@ def open_run_dir(args: Args) -> str:
     os.makedirs(run_dir, exist_ok=True)
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
-        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links
-            subfolders.remove("wandb")
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
+            subfolders.remove("wandb")
     for name in os.listdir(run_dir):
         if ".tmp." in name and args.resume:
             os.remove(os.path.join(run_dir, name))
@@ -1145,7 +1147,7 @@ def train(args: Args) -> dict:
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay)
+            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
         sgd_done, rows = int(state.sgd_steps), replay.size()
         sgd_base, learn_from = 0, args.learning_starts
         if rows < args.learning_starts:  # a resume with fewer rows waits for new ones, and does not catch up after
@@ -1165,7 +1167,8 @@ def train(args: Args) -> dict:
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         n, remote = resolved_actors(args), remote_actor_class()
         actors = [remote.remote(args, i, n, args.seed + step + 10_007 * i) for i in range(n)]  # new episodes on resume
-        cleanup.callback(lambda: [ray.kill(actor, no_restart=True) for actor in actors])
+        for actor in actors:  # each on its own, so that one Ray cannot kill any more does not keep the rest
+            cleanup.callback(contextlib.suppress(Exception)(ray.kill), actor, no_restart=True)
         info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
         heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
         metrics, last_eval, lr_end = {}, "-", 0.0 if args.anneal_lr else args.learning_rate
@@ -1216,10 +1219,11 @@ def train(args: Args) -> dict:
         publish()
         for i, actor in enumerate(actors):
             pending[actor.collect.remote(published)] = i
-        where = f"local, {node_address()}" if args.ray_address is None else args.ray_address
+        where = args.ray_address or (f"local, {node_address()}" if started_ray else "already running")
         print(f"{n} actors on Ray ({where})", flush=True)
         if redo:  # the evaluation a signal cut short
             evaluation("eval")
+            heard = [time.monotonic()] * n
         while step < args.total_timesteps and not stopped:
             # STORE: every chunk that has arrived (waiting up to 0.1 s for one when there is nothing to
             # learn), at its actor's priorities; the actor gets its next request first.
@@ -1236,7 +1240,10 @@ def train(args: Args) -> dict:
                 if info[i]["pid"] != chunk["pid"]:  # a process not seen before, after the first: a restart
                     if info[i]["pid"] is not None:
                         info[i]["restarts"], restarts = info[i]["restarts"] + 1, restarts + 1
-                        print(f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost")
+                        print(
+                            f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost",
+                            flush=True,
+                        )
                     info[i].update(pid=chunk["pid"], epsilon=chunk["epsilon"])
                     actors_json = json.dumps(info, indent=1).encode()
                     write_atomic(os.path.join(run_dir, "actors.json"), lambda f, data=actors_json: f.write(data))
@@ -1253,6 +1260,8 @@ def train(args: Args) -> dict:
             # LEARN: K SGD steps per jitted call; batches come from the prefetch thread, priorities go
             # back on the writer thread. The learning rate is an input: it anneals over env steps received.
             for _ in range(calls_due()):
+                if stopped:  # a signal: checkpoint now, the backlog waits for the resume
+                    break
                 replay.beta = linear_schedule(args.per_beta0, args.per_beta1, args.total_timesteps, step)
                 lr = np.float32(linear_schedule(args.learning_rate, lr_end, args.total_timesteps, step))
                 while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
@@ -1309,7 +1318,7 @@ def train(args: Args) -> dict:
         return {**summary, "eval_mean": float(returns.mean())}
 
 
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay):
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
     """(train state, key, global step, episodes, whether an evaluation was cut short) of
     RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
     path = os.path.join(run_dir, "checkpoint.npz")
@@ -1320,9 +1329,9 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay):
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     require(0 <= int(state.sgd_steps) < 2**31, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path)
+    replay.load_state_dict(arrays, path, num_actions)
     rows = replay.size()
-    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
+    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)", flush=True)
     return state, key, step, episodes, meta.get("eval_missed") is True
 
 
@@ -1360,7 +1369,7 @@ def parse_args(argv=None) -> Args:
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
-    local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
+    local = {name: getattr(typed, name) for name in ("ray_address", "track", "wandb_project_name", "wandb_entity")}
     args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
     require(
         ":" not in args.env_id or args.env_id == typed.env_id,

@@ -948,10 +948,10 @@ def open_run_dir(args: Args) -> str:
     os.makedirs(run_dir, exist_ok=True)
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
-        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links
-            subfolders.remove("wandb")
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
+            subfolders.remove("wandb")
     for name in os.listdir(run_dir):
         if ".tmp." in name and args.resume:
             os.remove(os.path.join(run_dir, name))

@@ -3,6 +3,7 @@ with, priorities a numpy double-Q computes, its epsilon, its parameter syncs), t
 checkpoint round trip, and whole runs on a local Ray: solving CartPole-v1 with 2 actors, an actor
 killed with SIGKILL mid-run, resume, joining a running Ray, bad input."""
 
+import dataclasses
 import json
 import os
 import secrets
@@ -143,7 +144,6 @@ def test_actor_epsilons_follow_the_paper():
 
 
 def test_replay_checkpoint_round_trip_and_fifo():
-    args = small_args()
     replay = apex.PrioritizedReplay(100, (4,), np.float32, 0.6, 1e-6)
     rng = np.random.default_rng(0)
     for chunk in range(3):  # 150 rows into 100 slots: the first 50 are gone, oldest first
@@ -159,14 +159,31 @@ def test_replay_checkpoint_round_trip_and_fifo():
     assert sorted(set(stored["obs"][:, 0])) == [1.0, 2.0]
     state = replay.state_dict()
     copy = apex.PrioritizedReplay(100, (4,), np.float32, 0.6, 1e-6)
-    copy.load_state_dict(state, "test")
+    copy.load_state_dict(state, "test", num_actions=2)
     for key, value in state.items():
         np.testing.assert_array_equal(copy.state_dict()[key], value)
     assert copy.buffer.get_next_index() == replay.buffer.get_next_index() == 50
-    del args
-    bad = dict(state, **{"replay/priority": -state["replay/priority"]})
-    with pytest.raises(apex.ConfigError, match="out of range"):
-        copy.load_state_dict(bad, "bad.npz")
+    # A hostile file: values of the right shape and dtype but out of range, each refused in one line.
+    for name, value, message in (
+        ("priority", -state["replay/priority"], "replay priorities out of range"),
+        ("priority", np.full(100, 1e300), "replay priorities out of range"),  # it would overflow cpprb's sums
+        ("action", np.full((100, 1), 2, np.int64), "replay actions out of range"),  # not an action of the env
+        ("discount", np.full((100, 1), 1.5, np.float32), "replay discounts out of range"),
+    ):
+        with pytest.raises(apex.ConfigError, match=message):
+            copy.load_state_dict(dict(state, **{f"replay/{name}": value}), "bad.npz", num_actions=2)
+    without = {k: v for k, v in state.items() if not k.startswith("replay/")}  # an earlier --no-checkpoint-replay
+    with pytest.raises(apex.ConfigError, match="holds no replay"):
+        copy.load_state_dict(without, "old.npz", num_actions=2)
+
+
+def test_resume_takes_the_ray_address_from_the_command_line_only(tmp_path):
+    """A run folder must not choose where the learner connects (and so where its code and data go)."""
+    saved = dataclasses.asdict(apex.Args(ray_address="203.0.113.7:6379", run_dir=str(tmp_path)))
+    (tmp_path / "args.json").write_text(json.dumps({"script": "apex_dqn", "args": saved}))
+    assert apex.parse_args(["--resume", str(tmp_path)]).ray_address is None
+    typed = apex.parse_args(["--resume", str(tmp_path), "--ray-address", "127.0.0.1:6379"])
+    assert typed.ray_address == "127.0.0.1:6379"
 
 
 def test_replay_samples_by_the_actors_priorities():
@@ -352,7 +369,7 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     assert meta2["global_step"] >= step + 6000 and int(arrays2["train_state/sgd_steps"]) > sgd
     assert len(arrays2["replay/priority"]) >= rows
     steps = [int(line.split(",")[0]) for line in open(tmp_path / "eval.csv").read().split()[1:]]
-    assert steps == sorted(steps) and steps[-1] >= step + 6000
+    assert all(a < b for a, b in zip(steps, steps[1:])) and steps[-1] >= step + 6000
 
 
 @pytest.mark.ray

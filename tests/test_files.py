@@ -594,7 +594,7 @@ def folder_state(folder):
     return out
 
 
-@pytest.mark.parametrize("name", ["eval.csv", "videos", "checkpoint-100.npz", "unrelated"])
+@pytest.mark.parametrize("name", ["eval.csv", "videos", "checkpoint-100.npz", "unrelated", "wandb"])
 def test_dqn_run_folder_holding_a_symlink_is_refused(name, runs, tmp_path, capsys):
     """A symlink in a run folder could send a write out of it (eval.csv appended through it,
     videos filmed into its target): --resume refuses the folder in one line, and neither the
@@ -606,7 +606,7 @@ def test_dqn_run_folder_holding_a_symlink_is_refused(name, runs, tmp_path, capsy
     link = os.path.join(run_dir, name)
     if os.path.exists(link):
         os.remove(link)
-    os.symlink(outside if name in ("videos", "unrelated") else outside / "precious.txt", link)
+    os.symlink(outside if name in ("videos", "unrelated", "wandb") else outside / "precious.txt", link)
     before, outside_before = folder_state(run_dir), folder_state(outside)
     refused(dqn, ["--resume", run_dir, "--total-timesteps", "400"], capsys, "symlink")
     assert folder_state(run_dir) == before and folder_state(outside) == outside_before
