@@ -841,6 +841,15 @@ def resolved_actors(args: Args) -> int:
     return max(2, cores - 1)
 
 
+def kill_actors(actors: list) -> None:
+    """Each on its own: an actor Ray cannot kill (Ray itself gone) does not keep the others alive."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+
 def remote_actor_class():
     """Actor as a Ray actor class: restarted by Ray whenever its process dies (max_restarts=-1), and
     the request in flight then runs again on the new process (max_task_retries=-1), so the learner
@@ -1167,8 +1176,7 @@ def train(args: Args) -> dict:
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         n, remote = resolved_actors(args), remote_actor_class()
         actors = [remote.remote(args, i, n, args.seed + step + 10_007 * i) for i in range(n)]  # new episodes on resume
-        for actor in actors:  # each on its own, so that one Ray cannot kill any more does not keep the rest
-            cleanup.callback(contextlib.suppress(Exception)(ray.kill), actor, no_restart=True)
+        cleanup.callback(kill_actors, actors)
         info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
         heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
         metrics, last_eval, lr_end = {}, "-", 0.0 if args.anneal_lr else args.learning_rate
