@@ -15,9 +15,10 @@
 #             SAC sac_continuous_action.py Pendulum), SAC on HalfCheetah-v5 and Hopper-v5, and
 #             BC's pipeline efficiency; runs one at a time whatever -j says; 3 repeats; where
 #             DQN's time per env step goes and SAC's update against the CPU's matmul ceiling
-#             (results/dqn_step_costs.json, results/sac_flops.json); then sbx side by side (its
-#             own venv, .venv-sbx, built once): same settings as ratios, and time to solve at
-#             each one's best (results/speed_vs_sbx.md)
+#             (results/dqn_step_costs.json, results/sac_flops.json); then sbx and CleanRL's
+#             dqn_jax.py side by side (own venvs, .venv-sbx and .venv-cleanrl, built once): same
+#             settings as ratios with each side's last returns, and time to solve against sbx at
+#             each one's best (results/speed_vs_peers.md)
 #   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at
 #             100k: 1M naive would need 56 GB), throughput of --preset atari on ALE/Pong-v5
 #             (30k steps, 20k of them learning) and updates/s with the prefetch thread on vs
@@ -217,18 +218,28 @@ print("BC pipeline efficiency %.3f (median of %s), updates/s %.0f through cpprb 
       % (result["efficiency"], ", ".join("%.3f" % r for r in ratios), result["updates_per_second_pipeline"],
          result["updates_per_second_resident"]))
 PY
-    # Side by side with sbx, in its own virtual environment (sbx pins its own jax; torch comes
-    # with stable-baselines3), one process at a time, alternating (benchmark/speed_vs_sbx.py).
-    SBX_VENV=${SBX_VENV:-.venv-sbx}
+    # Side by side with sbx and with CleanRL's dqn_jax.py, each in its own virtual environment (sbx
+    # pins its own jax; dqn_jax.py needs the gymnasium 0.29, stable-baselines3 and torch it was written
+    # for), one process at a time, alternating (benchmark/speed_vs_peers.py).
+    SBX_VENV=${SBX_VENV:-.venv-sbx} CLEANRL_VENV=${CLEANRL_VENV:-.venv-cleanrl}
     if [ ! -x "$SBX_VENV/bin/python" ]; then
       python3 -m venv "$SBX_VENV"
       "$SBX_VENV/bin/python" -m pip install --quiet "sbx-rl==0.28.0" "gymnasium[classic-control]>=1.1,<2"
     fi
+    if [ ! -f "$CLEANRL_VENV/dqn_jax.py" ]; then  # the file as the cleanrl 1.2.0 wheel ships it
+      python3 -m venv "$CLEANRL_VENV"
+      "$CLEANRL_VENV/bin/python" -m pip install --quiet "torch==2.13.0" "jax[cpu]" flax optax tensorboard \
+        "gymnasium[classic-control]==0.29.1" "stable-baselines3==2.3.2"
+      "$CLEANRL_VENV/bin/python" -m pip download --quiet --no-deps --only-binary :all: --python-version 3.10 \
+        "cleanrl==1.2.0" -d "$CLEANRL_VENV/wheel"
+      "$CLEANRL_VENV/bin/python" -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("cleanrl/dqn_jax.py"))' \
+        "$CLEANRL_VENV"/wheel/cleanrl-1.2.0-py3-none-any.whl "$CLEANRL_VENV/dqn_jax.py"
+    fi
     "$PYTHON" benchmark/dqn_step_costs.py --out "$RUNS/speed/dqn-step-costs.json"
     "$PYTHON" benchmark/sac_flops.py --out "$RUNS/speed/sac-flops.json"
-    "$PYTHON" benchmark/speed_vs_sbx.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
-      --out "$RUNS/speed/vs-sbx"
-    mkdir -p "$OUT" && cp "$RUNS/speed/vs-sbx/speed_vs_sbx.md" "$OUT/speed_vs_sbx.md"
+    "$PYTHON" benchmark/speed_vs_peers.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
+      --cleanrl-python "$CLEANRL_VENV/bin/python" --cleanrl-dqn "$CLEANRL_VENV/dqn_jax.py" --out "$RUNS/speed/vs-peers"
+    mkdir -p "$OUT" && cp "$RUNS/speed/vs-peers/speed_vs_peers.md" "$OUT/speed_vs_peers.md"
     cp "$RUNS/speed/dqn-step-costs.json" "$OUT/dqn_step_costs.json"
     cp "$RUNS/speed/sac-flops.json" "$OUT/sac_flops.json"
     ;;

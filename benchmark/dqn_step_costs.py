@@ -1,6 +1,6 @@
 """Where an env step's time goes in dqn_prioritized.py at CleanRL's DQN settings (issue 15).
 
-The settings are the speed comparison's (benchmark/speed_vs_sbx.py: CartPole-v1, 1 env, 120-84 MLP,
+The settings are the speed comparison's (benchmark/speed_vs_peers.py: CartPole-v1, 1 env, 120-84 MLP,
 batch 128, one SGD step per 10 env steps, K = 32 SGD steps per jitted call, uniform one-step
 replay). Two measurements, one after the other in one sitting:
 
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 from benchmark_summary import machine, read_throughput  # noqa: E402
 from helpers import load_script  # noqa: E402
-from speed_vs_sbx import QUIET, SAME  # noqa: E402
+from speed_vs_peers import QUIET, SAME  # noqa: E402
 
 dqn = load_script("dqn_prioritized")
 import gymnasium as gym  # noqa: E402

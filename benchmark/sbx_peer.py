@@ -10,7 +10,9 @@ sac_continuous_action.py), so that the two implementations do the same work. --s
 RL-Zoo's tuned hyper-parameters for the task (rl-baselines3-zoo, hyperparams/dqn.yml CartPole-v1
 and sac.yml Pendulum-v1), for time-to-solve at each one's best. With --solve R, an evaluation of
 10 deterministic episodes every --eval-every env steps; the run stops at the first that averages
->= R. Prints one JSON line: times are epoch seconds (the driver subtracts its own start).
+>= R. With --tensorboard DIR, sbx's own logger writes there (train/qf_mean_value is its mean Q(s, a)).
+Prints one JSON line: times are epoch seconds (the driver subtracts its own start), and the mean
+return of the last 10 training episodes, so that a fast peer that does not learn shows.
 """
 
 import argparse
@@ -121,10 +123,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--solve", type=float, default=None, help="stop at the first evaluation >= this")
     parser.add_argument("--eval-every", type=int, default=10_000)
+    parser.add_argument("--tensorboard", default=None, help="a folder for sbx's own tensorboard log")
     a = parser.parse_args()
     kwargs = SETTINGS[(a.algo, a.settings)]
     cls = sbx.DQN if a.algo == "dqn" else sbx.SAC
-    model = cls("MlpPolicy", a.env_id, seed=a.seed, **kwargs)
+    model = cls("MlpPolicy", a.env_id, seed=a.seed, tensorboard_log=a.tensorboard, **kwargs)
     clock = Clock(model.learning_starts, a.solve, a.eval_every, a.env_id, a.seed)
     start = time.time()
     model.learn(total_timesteps=a.total_timesteps, callback=clock)
@@ -141,6 +144,7 @@ def main() -> None:
         "learn_end": end,
         "learning_env_steps_per_s": None,
         "solved": clock.solved,
+        "last_returns": float(np.mean([e["r"] for e in list(model.ep_info_buffer)[-10:]])),
     }
     if clock.learning_from is not None and end > clock.learning_from[1]:
         step, at = clock.learning_from

@@ -287,7 +287,7 @@ def start_script(*flags):
 @pytest.mark.ray
 def test_two_actors_solve_cartpole(tmp_path):
     """The default run with 2 actors solves CartPole-v1: an evaluation (10 episodes) reaches 475,
-    the bar time-to-solve uses (benchmark/speed_vs_sbx.py), and the final policy is still far above a
+    the bar time-to-solve uses (benchmark/speed_vs_peers.py), and the final policy is still far above a
     random one (about 22). Ape-X runs are not repeatable (actors and learner race each other), and
     the final evaluation alone reached 475 in 6 of 10 default runs on 2026-12-02 (seed 1: 304.8 once,
     500 once; docs/apex.md), so it is not asked to be 475 itself."""

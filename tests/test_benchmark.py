@@ -289,7 +289,7 @@ def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
     """benchmark/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
     it times add up with the rest of the loop to the loop's own time per env step, the worker
     threads' calls are reported beside them, and the loop is the speed comparison's DQN run
-    (benchmark/speed_vs_sbx.py's flags)."""
+    (benchmark/speed_vs_peers.py's flags)."""
     out_path = tmp_path / "costs.json"
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmark", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
@@ -321,3 +321,25 @@ def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
     explained = sum(parts.values()) - parts["env step, bare"]
     assert r["rest_of_loop_us"] == pytest.approx(r["loop"]["per_env_step_us"] - explained)
     assert f"| the loop, learning phase ({r['loop']['learning_sps']:.0f} env steps/s) |" in r["table"]
+
+
+def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
+    """benchmark/speed_vs_peers.py: a peer's learning-phase rate is its env steps over the wall time
+    between its first and last charts/SPS events, and "last returns" the mean of the last 10 episodes
+    in step order, found in event files however deep the peer puts them."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    import speed_vs_peers
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    deep = tmp_path / "runs" / "CartPole-v1__dqn_jax__1__0"
+    writer = EventFileWriter(str(deep))
+    rows = [("charts/SPS", 10_000 + 100 * i, 1_000.0 + 0.05 * i, 1.0) for i in range(11)]  # 2,000 steps/s
+    rows += [("charts/episodic_return", 20_000 - 100 * i, 1_000.0, float(i)) for i in range(12)]  # 11 is oldest
+    for tag, step, wall, value in rows:
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+        writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
+    writer.close()
+    assert speed_vs_peers.cleanrl_rate(str(tmp_path)) == pytest.approx(2_000.0)
+    assert speed_vs_peers.last_returns(str(tmp_path)) == pytest.approx(statistics.mean(range(10)))
+    assert speed_vs_peers.last_returns(str(tmp_path / "empty")) is None
