@@ -495,10 +495,17 @@ def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array,
     return td, q_tm1
 
 
+def huber(x: jax.Array, delta: float) -> jax.Array:
+    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2), one branch each so that the gradient is
+    x or delta sign(x) exactly; rlax's and optax's 0.5 q^2 + delta (|x| - q), q = min(|x|, delta), add
+    x to delta in float32 and return 0 for |x| < delta / 2^24 (e.g. 0.03 at delta 1e6)."""
+    return jnp.where(jnp.abs(x) <= delta, 0.5 * x**2, delta * (jnp.abs(x) - 0.5 * delta))
+
+
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
     """IS-weighted Huber loss; returns (loss, (td, mean Q(s, a)))."""
     td, q_tm1 = double_q_td(q_apply, params, target_params, batch)
-    loss = jnp.mean(batch["weights"] * rlax.huber_loss(td, huber_delta))
+    loss = jnp.mean(batch["weights"] * huber(td, huber_delta))
     return loss, (td, jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1).mean())
 
 

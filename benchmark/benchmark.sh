@@ -224,7 +224,7 @@ PY
     SBX_VENV=${SBX_VENV:-.venv-sbx} CLEANRL_VENV=${CLEANRL_VENV:-.venv-cleanrl}
     if [ ! -x "$SBX_VENV/bin/python" ]; then
       python3 -m venv "$SBX_VENV"
-      "$SBX_VENV/bin/python" -m pip install --quiet "sbx-rl==0.28.0" "gymnasium[classic-control]>=1.1,<2"
+      "$SBX_VENV/bin/python" -m pip install --quiet "sbx-rl==0.28.0" "gymnasium[classic-control]>=1.1,<2" tensorboard
     fi
     if [ ! -f "$CLEANRL_VENV/dqn_jax.py" ]; then  # the file as the cleanrl 1.2.0 wheel ships it
       python3 -m venv "$CLEANRL_VENV"

@@ -14,7 +14,8 @@ silently, and left out of the statistics.
 
 Per (suite, config, task) the table gives: the final evaluation (the last row of eval.csv: the
 evaluation every script runs when it ends) as mean +- std over seeds with a 95% percentile
-bootstrap CI of that mean (10,000 resamples); the BC normalised score where there is one; steps
+bootstrap CI of that mean (10,000 resamples), and beside it each run's best evaluation as mean
++- std over seeds; the BC normalised score where there is one; steps
 (env steps, or SGD updates for BC) to the first evaluation at or above the task's threshold;
 env steps/s end to end (last logged step over the wall time of the event file, evaluations
 included) and while learning (median over the log windows that did SGD updates), and the median
@@ -242,6 +243,8 @@ def summarise_group(runs: List[Run]) -> Dict[str, object]:
     out["final_mean"] = float(np.mean(finals))
     out["final_std"] = float(np.std(finals))
     out["final_ci"] = bootstrap_ci(finals, np.random.default_rng(0))  # same runs, same interval
+    best = [max(v for _, v in r.curve) for r in ok]  # the best evaluation of each run, beside its last
+    out["best_mean"], out["best_std"] = float(np.mean(best)), float(np.std(best))
     if all(r.normalized for r in ok):
         out["normalized_mean"] = float(np.mean([r.normalized[-1] for r in ok]))
     bar, kind = ok[0].threshold()
@@ -330,9 +333,9 @@ def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
 
 def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     lines = [
-        "| config | task | final eval (mean ± std) | 95% CI | norm. score | steps to threshold "
-        "(median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| config | task | final eval (mean ± std) | 95% CI | best eval (mean ± std) | norm. score | steps to "
+        "threshold (median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
@@ -349,9 +352,10 @@ def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
             else:
                 thr = "-"
             sps = "-" if s["env_sps"] is None else f"{fmt(s['env_sps'], 0)} / {fmt(s['learning_sps'], 0)}"
-            row = [final, ci, fmt(s.get("normalized_mean")), thr, sps, fmt(s["updates_per_second"], 0)]
+            best = f"{s['best_mean']:.1f} ± {s['best_std']:.1f}"
+            row = [final, ci, best, fmt(s.get("normalized_mean")), thr, sps, fmt(s["updates_per_second"], 0)]
         else:
-            row = ["no finished run", "-", "-", "-", "-", "-"]
+            row = ["no finished run", "-", "-", "-", "-", "-", "-"]
         lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {s['ok']}/{s['seeds']} |")
         for seed, status in s["failed"]:
             notes.append(

@@ -179,8 +179,10 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
 
     # DQN row: final eval = last eval.csv row of each finished seed; mean and std over seeds.
     finals = [float(eval_rows(s)[-1]["mean"]) for s in stems[:2]]
+    best = [max(float(r["mean"]) for r in eval_rows(s)) for s in stems[:2]]
     row = next(line for line in text.splitlines() if line.startswith("| dqn | CartPole-v1 |"))
     assert f"{np.mean(finals):.1f} ± {np.std(finals):.1f}" in row
+    assert f"| {np.mean(best):.1f} ± {np.std(best):.1f} |" in row  # beside it, the best evaluation
     assert row.rstrip().endswith("| 2/4 |")
     assert "seed 3: **crashed (exit 2)**" in text and "seed 4: **unfinished**" in text
 

@@ -53,6 +53,35 @@ def test_loss_matches_numpy_reference(delta):
     assert abs(float(swapped) - ref_loss) > 1e-4
 
 
+@pytest.mark.parametrize("script", ["dqn_prioritized", "apex_dqn"])
+@pytest.mark.parametrize("delta", [1.0, 0.3, 1e6, 1e30])
+def test_loss_gradient_matches_the_huber_derivative(script, delta):
+    """dL/dQ(s_i, a_i) = -w_i psi(td_i) / B, psi(x) = x inside delta and delta sign(x) outside, for a
+    large delta (the squared error) too: rlax's huber_loss gave 0 there for |td| < delta / 2^24."""
+    module = dqn if script == "dqn_prioritized" else load_script(script)
+    rng = np.random.default_rng(2)
+    net = module.QNetwork(3, (16,))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 5)))
+    target = net.init(jax.random.PRNGKey(1), jnp.zeros((1, 5)))
+    b = random_batch(rng, 64, 5, 3)
+    b["reward"] = b["reward"] * np.geomspace(1e-3, 10.0, 64).astype(np.float32)  # TD errors from ~0.01 up
+    grads = jax.grad(lambda p: module.double_q_loss(net.apply, p, target, b, delta)[0])(params)
+    _, td = numpy_double_q_loss(
+        np.asarray(net.apply(params, b["obs"])),
+        np.asarray(net.apply(params, b["next_obs"])),
+        np.asarray(net.apply(target, b["next_obs"])),
+        b,
+        delta,
+    )
+    psi = np.where(np.abs(td) <= delta, td, delta * np.sign(td))
+    cotangent = np.zeros((64, 3), np.float32)
+    cotangent[np.arange(64), b["action"]] = -b["weights"] * psi / 64
+    _, vjp = jax.vjp(lambda p: net.apply(p, b["obs"]), params)  # Q(s, .) only: y is a constant
+    (ref,) = vjp(jnp.asarray(cotangent))
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-7)
+
+
 def test_loss_gradient_only_through_online_q_of_taken_action():
     rng = np.random.default_rng(1)
     net = dqn.QNetwork(2, (8,))

@@ -12,16 +12,17 @@ import pytest
 from helpers import ROOT, load_script
 
 
-def test_dqn_default_run_solves_cartpole(tmp_path):
-    """Solved = an evaluation (10 greedy episodes) averages >= 475 within 100k steps. The final
-    evaluation is not asserted: in 4 of 18 default runs of e752eb4 it ended between 155 and 469 after
-    evaluations of 500 (docs/dqn.md), and runs are not bit-reproducible."""
+def test_dqn_default_run_solves_cartpole_and_ends_solved(tmp_path):
+    """Solved = an evaluation (10 greedy episodes) averages >= 475 within 100k steps, and so does the
+    last one: the end of a run must be as good as its best. Runs are not bit-reproducible (the
+    priority writer races the sampler); the defaults' finals reach 475 in 19 of 20 seeds, seed 1's in
+    every run measured (docs/dqn.md)."""
     dqn = load_script("dqn_prioritized")
     result = dqn.train(dqn.Args(seed=1, run_dir=str(tmp_path / "dqn")))
     assert result["global_step"] <= 100_000
     with open(os.path.join(result["run_dir"], "eval.csv")) as f:
         evals = [float(row["mean"]) for row in csv.DictReader(f)]
-    assert len(evals) == 10 and max(evals) >= 475, evals
+    assert len(evals) == 10 and max(evals) >= 475 and evals[-1] >= 475, evals
 
 
 def test_sac_default_run_reaches_pendulum_threshold(tmp_path):
