@@ -996,6 +996,13 @@ def train(args: Args, env_fn=None) -> dict:
     env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
     evaluation envs (default: make_env for --env-id). Returns a summary dict."""
     args = check_args(args)
+    if args.tau == 1 and args.huber_delta <= 1 and args.target_network_frequency < 200:
+        print(
+            f"warning: the Huber loss with a target copy every {args.target_network_frequency} SGD steps diverged "
+            "at CleanRL's CartPole settings (docs/dqn.md): give --huber-delta 1e30 (its squared error) or a longer "
+            "--target-network-frequency",
+            file=sys.stderr,
+        )
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     shardings = learner_shardings(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)

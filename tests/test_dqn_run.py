@@ -171,6 +171,32 @@ def test_fresh_run_refuses_a_folder_that_is_not_empty(held, tmp_path, capsys):
     assert snapshot(run_dir) == before
 
 
+CLEANRL = "--train-frequency 10 --learning-rate 2.5e-4 --buffer-size 10000 --learning-starts 10000".split()
+
+
+@pytest.mark.parametrize(
+    "flags, warned",
+    [
+        # CleanRL's period, 500 env steps, in SGD steps
+        (CLEANRL + ["--target-network-frequency", "50", "--no-prioritized", "--n-step", "1"], True),
+        (CLEANRL + ["--target-network-frequency", "50", "--huber-delta", "1e30"], False),  # its squared error
+        (CLEANRL + ["--target-network-frequency", "500"], False),  # its command line as typed
+        ([], False),
+    ],
+)
+def test_a_target_period_that_diverged_with_the_huber_loss_is_one_warning_at_the_start(flags, warned, tmp_path, capsys):
+    """At CleanRL's CartPole settings the Huber loss with a target copy every 50 SGD steps diverged here,
+    in CleanRL's dqn_jax.py given the Huber loss, and in sbx (docs/dqn.md): one line says what to change,
+    before anything else can fail (here the run folder, which is not empty)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine\n")
+    capsys.readouterr()
+    assert run_cli(flags + ["--run-dir", str(run_dir)]) == 2
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == warned and all("--huber-delta 1e30" in line for line in warnings), warnings
+
+
 def test_fresh_run_refuses_a_run_dir_that_is_a_file(tmp_path, capsys):
     path = tmp_path / "run"
     path.write_text("not a folder\n")
