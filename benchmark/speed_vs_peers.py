@@ -207,7 +207,7 @@ def main():
                     extra = {"sbx_kwargs": peer["kwargs"]}
                 else:  # dqn_jax.py writes runs/ under its working directory
                     os.makedirs(stem)
-                    cmd = [a.cleanrl_python, os.path.abspath(a.cleanrl_dqn), *cmds["cleanrl"], *seed]
+                    cmd = [os.path.abspath(a.cleanrl_python), os.path.abspath(a.cleanrl_dqn), *cmds["cleanrl"], *seed]
                     start, end = timed(cmd, stem + ".log", cwd=stem)
                     rate, returns, extra = cleanrl_rate(stem), last_returns(stem), {}
                 runs.append(
