@@ -281,8 +281,9 @@ def main():
                 f"{statistics.median(rates):.0f} | {returns} | "
                 f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |"
             )
-    lines += ["", "| task, time to solve | project defaults | sbx, RL-Zoo settings |", "|---|---|---|"]
-    for algo in SOLVE:
+    if a.seeds:
+        lines += ["", "| task, time to solve | project defaults | sbx, RL-Zoo settings |", "|---|---|---|"]
+    for algo in SOLVE if a.seeds else ():
         cells = []
         for side in ("ours", "sbx"):
             mine = [r for r in runs if r["kind"] == "solve" and r["algo"] == algo and r["side"] == side]
