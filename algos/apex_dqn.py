@@ -498,7 +498,7 @@ def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array,
 def huber(x: jax.Array, delta: float) -> jax.Array:
     """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2), one branch each so that the gradient is
     x or delta sign(x) exactly; rlax's and optax's 0.5 q^2 + delta (|x| - q), q = min(|x|, delta), add
-    x to delta in float32 and return 0 for |x| < delta / 2^24 (e.g. 0.03 at delta 1e6)."""
+    x to delta in float32, so their gradient is 0 below half a float32 step of delta (0.03 at 1e6)."""
     return jnp.where(jnp.abs(x) <= delta, 0.5 * x**2, delta * (jnp.abs(x) - 0.5 * delta))
 
 

@@ -228,8 +228,9 @@ PY
     fi
     if [ ! -f "$CLEANRL_VENV/dqn_jax.py" ]; then  # the file as the cleanrl 1.2.0 wheel ships it
       python3 -m venv "$CLEANRL_VENV"
-      "$CLEANRL_VENV/bin/python" -m pip install --quiet "torch==2.13.0" "jax[cpu]" flax optax tensorboard \
-        "gymnasium[classic-control]==0.29.1" "stable-baselines3==2.3.2"
+      # torch from PyPI is a CUDA build of several GB; a CPU one where the index offers it
+      "$CLEANRL_VENV/bin/python" -m pip install --quiet "torch==2.13.0" "jax[cpu]==0.10.2" "flax==0.12.8" \
+        "optax==0.2.8" tensorboard "gymnasium[classic-control]==0.29.1" "stable-baselines3==2.3.2"
       "$CLEANRL_VENV/bin/python" -m pip download --quiet --no-deps --only-binary :all: --python-version 3.10 \
         "cleanrl==1.2.0" -d "$CLEANRL_VENV/wheel"
       "$CLEANRL_VENV/bin/python" -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("cleanrl/dqn_jax.py"))' \

@@ -187,12 +187,14 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", required=True)
     a = parser.parse_args()
+    for name in ("out", "sbx_python", "cleanrl_python", "cleanrl_dqn"):  # the children run in other folders
+        setattr(a, name, os.path.abspath(getattr(a, name)))
     os.makedirs(a.out, exist_ok=True)
     runs = []
     for algo, cmds in SAME.items():
         sides = [side for side in ("ours", "sbx", "cleanrl") if side in cmds]
         for pair in range(1, a.pairs + 1):
-            for side in sides if pair % 2 else sides[::-1]:
+            for side in sides[pair % len(sides) :] + sides[: pair % len(sides)]:  # each side first in turn
                 stem = fresh(os.path.join(a.out, f"same-{algo}-{side}-{pair}"))
                 seed = ["--seed", str(pair)]
                 if side == "ours":
@@ -207,7 +209,7 @@ def main():
                     extra = {"sbx_kwargs": peer["kwargs"]}
                 else:  # dqn_jax.py writes runs/ under its working directory
                     os.makedirs(stem)
-                    cmd = [os.path.abspath(a.cleanrl_python), os.path.abspath(a.cleanrl_dqn), *cmds["cleanrl"], *seed]
+                    cmd = [a.cleanrl_python, a.cleanrl_dqn, *cmds["cleanrl"], *seed]
                     start, end = timed(cmd, stem + ".log", cwd=stem)
                     rate, returns, extra = cleanrl_rate(stem), last_returns(stem), {}
                 runs.append(

@@ -57,7 +57,7 @@ def test_loss_matches_numpy_reference(delta):
 @pytest.mark.parametrize("delta", [1.0, 0.3, 1e6, 1e30])
 def test_loss_gradient_matches_the_huber_derivative(script, delta):
     """dL/dQ(s_i, a_i) = -w_i psi(td_i) / B, psi(x) = x inside delta and delta sign(x) outside, for a
-    large delta (the squared error) too: rlax's huber_loss gave 0 there for |td| < delta / 2^24."""
+    large delta (the squared error) too: rlax's huber_loss gave 0 there below half a float32 step of delta."""
     module = dqn if script == "dqn_prioritized" else load_script(script)
     rng = np.random.default_rng(2)
     net = module.QNetwork(3, (16,))

@@ -179,6 +179,7 @@ CLEANRL = "--train-frequency 10 --learning-rate 2.5e-4 --buffer-size 10000 --lea
     [
         # CleanRL's period, 500 env steps, in SGD steps
         (CLEANRL + ["--target-network-frequency", "50", "--no-prioritized", "--n-step", "1"], True),
+        (CLEANRL + ["--target-network-frequency", "200", "--no-prioritized", "--n-step", "1"], True),  # learned little
         (CLEANRL + ["--target-network-frequency", "50", "--huber-delta", "1e30"], False),  # its squared error
         (CLEANRL + ["--target-network-frequency", "500"], False),  # its command line as typed
         ([], False),

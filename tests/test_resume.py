@@ -341,8 +341,8 @@ def test_dqn_resume_restores_the_saved_state_leaf_by_leaf(stopped):
         epsilon = dqn.linear_schedule(a.start_e, a.end_e, a.exploration_fraction * a.total_timesteps, step)
         beta = dqn.linear_schedule(a.per_beta0, 1.0, a.total_timesteps, step)
         lr = optax.linear_schedule(a.learning_rate, 0.0, total_sgd)(sgd)
-        # epsilon reached --end-e at step 600; beta is 1/3 of its way from 0.4 to 1
-        assert (epsilon, beta, float(lr)) == pytest.approx((0.05, 0.6, 1e-3 * (1 - sgd / total_sgd)))
+        # epsilon reached --end-e at step 600; beta is 1/3 of its way from 0.4 to 1; the default rate 5e-4
+        assert (epsilon, beta, float(lr)) == pytest.approx((0.05, 0.6, 5e-4 * (1 - sgd / total_sgd)))
 
 
 def test_dqn_resumed_run_writes_back_the_same_checkpoint(stopped, tmp_path, monkeypatch):
