@@ -63,7 +63,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pydantic
-import rlax
 import tqdm
 import tyro
 from pydantic import Field
@@ -484,15 +483,13 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
 
 
 def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array, jax.Array]:
-    """(delta_i, Q(s_i, .)): double-Q n-step TD errors. The learner's loss and the actors'
+    """(delta_i, Q(s_i, a_i)): double-Q n-step TD errors. The learner's loss and the actors'
     initial priorities both come from here, so the two cannot disagree on what |delta| is."""
-    q_tm1 = q_apply(params, batch["obs"])
-    q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])  # selects a*; no gradient
-    q_t_value = q_apply(target_params, batch["next_obs"])  # evaluates it
-    td = jax.vmap(rlax.double_q_learning)(
-        q_tm1, batch["action"], batch["reward"], batch["discount"], q_t_value, q_t_selector
-    )
-    return td, q_tm1
+    q_sa = jnp.take_along_axis(q_apply(params, batch["obs"]), batch["action"][:, None], axis=1)[:, 0]
+    a_star = jnp.argmax(q_apply(jax.lax.stop_gradient(params), batch["next_obs"]), axis=1)  # selects; no gradient
+    q_next = jnp.take_along_axis(q_apply(target_params, batch["next_obs"]), a_star[:, None], axis=1)[:, 0]
+    td = jax.lax.stop_gradient(batch["reward"] + batch["discount"] * q_next) - q_sa
+    return td, q_sa
 
 
 def huber(x: jax.Array, delta: float) -> jax.Array:
@@ -504,9 +501,9 @@ def huber(x: jax.Array, delta: float) -> jax.Array:
 
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
     """IS-weighted Huber loss; returns (loss, (td, mean Q(s, a)))."""
-    td, q_tm1 = double_q_td(q_apply, params, target_params, batch)
+    td, q_sa = double_q_td(q_apply, params, target_params, batch)
     loss = jnp.mean(batch["weights"] * huber(td, huber_delta))
-    return loss, (td, jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1).mean())
+    return loss, (td, q_sa.mean())
 
 
 def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
@@ -538,7 +535,8 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     return jax.jit(update, donate_argnums=0)
 
 
-def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))  # one compile, not one per eager op
+def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> TrainState:
     params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     target_params = jax.tree_util.tree_map(jnp.copy, params)  # a copy: the update donates its state
     return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))

@@ -63,7 +63,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pydantic
-import rlax
 import tqdm
 import tyro
 from pydantic import Field
@@ -281,7 +280,8 @@ class NStepAssembler:
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
         self.all_full = False  # every env has n pending steps: the common case, kept cheap
-        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n  # row i: slots from slot i on
+        ages = (np.arange(n) - np.arange(n)[:, None]) % n  # [oldest slot, slot]: steps since the oldest
+        self.rolled_powers = self.powers[ages].astype(np.float32)
         self.full_discount = np.full(num_envs, self.powers[n], np.float32)
 
     def _emit(self, envs, ages, next_obs, terminated):
@@ -304,7 +304,7 @@ class NStepAssembler:
         done = terminated | truncated
         if self.all_full and not done.any():  # every env emits its oldest step, no per-env indexing
             oldest = self.t % self.n
-            ret = (self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]).astype(np.float32)
+            ret = self.rolled_powers[oldest] @ self.reward
             return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
         parts = []
@@ -529,7 +529,8 @@ def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), step)
 
 
-def init_train_state(network: QNetwork, optimizer, obs_shape, key) -> TrainState:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))  # one compile, not one per eager op
+def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> TrainState:
     params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
     target = jax.tree_util.tree_map(jnp.copy, params)  # a copy: the update donates its input buffers
     return TrainState(params, target, optimizer.init(params), jnp.zeros((), jnp.int32))
@@ -544,15 +545,13 @@ def huber(x: jax.Array, delta: float) -> jax.Array:
 
 def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: float):
     """IS-weighted Huber loss of double-Q TD errors; returns (loss, (td, mean Q(s, a)))."""
-    q_tm1 = q_apply(params, batch["obs"])
+    q_sa = jnp.take_along_axis(q_apply(params, batch["obs"]), batch["action"][:, None], axis=1)[:, 0]
     # The online net only selects a* at s': a pass of its own keeps s' out of the backward pass.
-    q_t_selector = q_apply(jax.lax.stop_gradient(params), batch["next_obs"])
-    q_t_value = q_apply(target_params, batch["next_obs"])
-    td = jax.vmap(rlax.double_q_learning)(
-        q_tm1, batch["action"], batch["reward"], batch["discount"], q_t_value, q_t_selector
-    )
+    a_star = jnp.argmax(q_apply(jax.lax.stop_gradient(params), batch["next_obs"]), axis=1)
+    q_next = jnp.take_along_axis(q_apply(target_params, batch["next_obs"]), a_star[:, None], axis=1)[:, 0]
+    td = jax.lax.stop_gradient(batch["reward"] + batch["discount"] * q_next) - q_sa
     loss = jnp.mean(batch["weights"] * huber(td, huber_delta))
-    return loss, (td, jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=1).mean())
+    return loss, (td, q_sa.mean())
 
 
 def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
@@ -616,17 +615,18 @@ def local_copy(tree):
 
 
 def make_act(q_apply, num_actions: int):
-    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy. One uniform u per env
-    decides both: explore if u < epsilon, and then u / epsilon picks the action (on CPU the PRNG, not
-    the network, dominates this call)."""
+    """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy. The network runs only when
+    some env acts greedily, and the draws are numpy's: on CPU a jitted PRNG costs more than the network."""
+    greedy = jax.jit(lambda params, obs: jnp.argmax(q_apply(params, obs), axis=-1))
 
-    def act(params, obs, epsilon, key, step):
-        u = jax.random.uniform(jax.random.fold_in(key, step), (obs.shape[0],))
-        greedy = jnp.argmax(q_apply(params, obs), axis=-1)
-        explore = jnp.minimum((u / epsilon * num_actions).astype(greedy.dtype), num_actions - 1)
-        return jnp.where(u < epsilon, explore, greedy)
+    def act(params, obs, epsilon, rng):
+        explore = rng.random(len(obs)) < epsilon
+        if explore.all():
+            return rng.integers(num_actions, size=len(obs))
+        actions = np.asarray(greedy(params, obs))
+        return np.where(explore, rng.integers(num_actions, size=len(obs)), actions) if explore.any() else actions
 
-    return jax.jit(act)
+    return act
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -731,15 +731,13 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
     try:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
-        returns, running, t = np.zeros(episodes), np.ones(episodes, bool), 0
+        returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng(seed)
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
-            actions = np.asarray(act(params, obs, np.float32(epsilon), jax.random.PRNGKey(seed), np.int32(t)))
-            obs, reward, terminated, truncated, _ = envs.step(actions)
+            obs, reward, terminated, truncated, _ = envs.step(act(params, obs, epsilon, rng))
             returns += reward * running
             running &= ~(terminated | truncated)
-            t += 1
         return returns
     finally:
         envs.close()
@@ -1015,15 +1013,14 @@ def train(args: Args, env_fn=None) -> dict:
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
-        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-        state = init_train_state(network, optimizer, space.shape, init_key)
+        state = init_train_state(network, optimizer, tuple(space.shape), jax.random.PRNGKey(args.seed))
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
         unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
+            state, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
         state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
@@ -1052,7 +1049,7 @@ def train(args: Args, env_fn=None) -> dict:
             nonlocal saved_step, saved_time
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the replay
-            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
+            arrays = {**tree_arrays("train_state/", state), **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
             save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
             saved_step, saved_time = step, time.monotonic()
@@ -1069,6 +1066,7 @@ def train(args: Args, env_fn=None) -> dict:
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
+        rng = np.random.default_rng(args.seed + step)  # exploration's draws, seeded as the envs are
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
         if frames is not None:
@@ -1079,7 +1077,7 @@ def train(args: Args, env_fn=None) -> dict:
         while step < args.total_timesteps and not stopped:
             # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, step)
-            actions = np.asarray(act(act_params, obs, np.float32(epsilon), key, np.int32(step)))
+            actions = act(act_params, obs, epsilon, rng)
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             done = terminated | truncated
 
@@ -1164,20 +1162,19 @@ def train(args: Args, env_fn=None) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
-    """(train state, key, global step, episodes, whether an evaluation was cut short) of
+    """(train state, global step, episodes, whether an evaluation was cut short) of
     RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
     state = restore_tree(state, arrays, "train_state/", path)
-    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
     rows = replay.buffer.get_stored_size()
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
-    return state, key, step, episodes, meta.get("eval_missed") is True
+    return state, step, episodes, meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):

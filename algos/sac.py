@@ -445,13 +445,18 @@ def make_nets(args: Args, action_dim: int) -> Nets:
 
 
 def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
-    k_actor, k_critic = jax.random.split(key)
-    obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
-    actor_params, critic_params = nets.actor.init(k_actor, obs), nets.critic.init(k_critic, obs, action)
-    log_alpha = jnp.asarray(np.log(args.alpha_init if args.autotune else args.alpha), jnp.float32)
-    target = jax.tree_util.tree_map(jnp.copy, critic_params)  # a copy: the update donates its input buffers
-    opts = (nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params), nets.alpha_tx.init(log_alpha))
-    return TrainState(actor_params, critic_params, target, log_alpha, *opts, jnp.zeros((), jnp.int32))
+    log_alpha = np.log(args.alpha_init if args.autotune else args.alpha).astype(np.float32)
+
+    @jax.jit  # one compile, not one per eager op
+    def init(key, log_alpha):
+        k_actor, k_critic = jax.random.split(key)
+        obs, action = jnp.zeros((1, obs_dim)), jnp.zeros((1, action_dim))
+        actor_params, critic_params = nets.actor.init(k_actor, obs), nets.critic.init(k_critic, obs, action)
+        target = jax.tree_util.tree_map(jnp.copy, critic_params)  # a copy: the update donates its input buffers
+        opts = (nets.actor_tx.init(actor_params), nets.critic_tx.init(critic_params), nets.alpha_tx.init(log_alpha))
+        return TrainState(actor_params, critic_params, target, log_alpha, *opts, jnp.zeros((), jnp.int32))
+
+    return init(key, log_alpha)
 
 
 def huber(x: jax.Array, delta: float) -> jax.Array:

@@ -92,11 +92,9 @@ def parts(args, repeats: int, calls: int) -> dict:
     optimizer = dqn.make_optimizer(args, 1_000_000)
     state = dqn.init_train_state(network, optimizer, obs.shape[1:], jax.random.PRNGKey(args.seed))
     act = dqn.make_act(network.apply, num_actions)
-    key = jax.random.PRNGKey(args.seed + 1)
+    rng = np.random.default_rng(args.seed + 1)
     params = dqn.local_copy(state.params)
-    costs["act"] = per_call_us(
-        lambda i: np.asarray(act(params, obs, np.float32(0.05), key, np.int32(i))), calls, repeats
-    )
+    costs["act"] = per_call_us(lambda i: act(params, obs, 0.05, rng), calls, repeats)
 
     replay, nstep = dqn.make_replay(args, envs.single_observation_space)
     previous = [obs] + [r[0] for r in recorded[:-1]]

@@ -179,26 +179,33 @@ def first_solve_time(run_dir, threshold):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sbx-python", required=True)
-    parser.add_argument("--cleanrl-python", required=True)
-    parser.add_argument("--cleanrl-dqn", required=True, help="dqn_jax.py as the cleanrl wheel ships it")
+    parser.add_argument("--sbx-python", help="without it, no sbx side")
+    parser.add_argument("--cleanrl-python", help="without it, no CleanRL side")
+    parser.add_argument("--cleanrl-dqn", help="dqn_jax.py as the cleanrl wheel ships it")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--algos", nargs="+", choices=list(SAME), default=list(SAME))
+    parser.add_argument("--before", help="a checkout of the project before a change: one more side, 'before'")
     a = parser.parse_args()
-    for name in ("out", "sbx_python", "cleanrl_python", "cleanrl_dqn"):  # the children run in other folders
-        setattr(a, name, os.path.abspath(getattr(a, name)))
+    for name in ("out", "sbx_python", "cleanrl_python", "cleanrl_dqn", "before"):  # the children run in other folders
+        if getattr(a, name):
+            setattr(a, name, os.path.abspath(getattr(a, name)))
     os.makedirs(a.out, exist_ok=True)
     runs = []
     for algo, cmds in SAME.items():
-        sides = [side for side in ("ours", "sbx", "cleanrl") if side in cmds]
+        if algo not in a.algos:
+            continue
+        cmds = {**cmds, "before": [os.path.join(a.before, cmds["ours"][0]), *cmds["ours"][1:]]} if a.before else cmds
+        given = {"ours": True, "before": a.before, "sbx": a.sbx_python, "cleanrl": a.cleanrl_python and a.cleanrl_dqn}
+        sides = [side for side in ("ours", "before", "sbx", "cleanrl") if side in cmds and given[side]]
         for pair in range(1, a.pairs + 1):
             for side in sides[pair % len(sides) :] + sides[: pair % len(sides)]:  # each side first in turn
                 stem = fresh(os.path.join(a.out, f"same-{algo}-{side}-{pair}"))
                 seed = ["--seed", str(pair)]
-                if side == "ours":
-                    cmd = [a.python, *cmds["ours"], *QUIET, *seed, "--run-dir", stem]
+                if side in ("ours", "before"):
+                    cmd = [a.python, *cmds[side], *QUIET, *seed, "--run-dir", stem]
                     start, end = timed(cmd, stem + ".log")
                     rate, returns, extra = read_throughput(stem)[1], last_returns(stem), {}
                 elif side == "sbx":
@@ -231,7 +238,7 @@ def main():
                     flush=True,
                 )
     for algo, spec in SOLVE.items():
-        for seed in range(1, a.seeds + 1):
+        for seed in range(1, a.seeds + 1 if algo in a.algos and a.sbx_python else 1):
             for side in ("ours", "sbx") if seed % 2 else ("sbx", "ours"):
                 stem = os.path.join(a.out, f"solve-{algo}-{side}-{seed}")
                 common = f"--seed {seed} --total-timesteps {spec['budget']} --eval-every {spec['every']}".split()
@@ -271,7 +278,7 @@ def main():
     for algo in SAME:
         same = [r for r in runs if r["kind"] == "same" and r["algo"] == algo]
         ours = {r["pair"]: r["wall"] for r in same if r["side"] == "ours"}
-        for side in ("ours", "sbx", "cleanrl"):
+        for side in ("ours", "before", "sbx", "cleanrl"):
             mine = [r for r in same if r["side"] == side]
             if not mine:
                 continue
@@ -285,7 +292,7 @@ def main():
             )
     if a.seeds:
         lines += ["", "| task, time to solve | project defaults | sbx, RL-Zoo settings |", "|---|---|---|"]
-    for algo in SOLVE if a.seeds else ():
+    for algo in [algo for algo in SOLVE if algo in a.algos] if a.seeds else ():
         cells = []
         for side in ("ours", "sbx"):
             mine = [r for r in runs if r["kind"] == "solve" and r["algo"] == algo and r["side"] == side]

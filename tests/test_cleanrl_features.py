@@ -129,9 +129,9 @@ def read_eval(run_dir):
 
 def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
     """RecordVideo films the reset frame and one frame per step of the first episode of sub-env 0;
-    CartPole's return is its length. (Uniformly random actions: a 19-step episode. moviepy 2.x
+    CartPole's return is its length. (Uniformly random actions: a 27-step episode. moviepy 2.x
     drops the last frame of a clip where n times 1/fps sums to under n/fps, Zulko/moviepy#2507:
-    at CartPole's 50 fps for 11-14 frames and most counts from 207 on, not for 20.)"""
+    at CartPole's 50 fps for 11-14 frames and most counts from 207 on, not for 28.)"""
     net = dqn.QNetwork(2, (32, 32))
     params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
     folder = str(tmp_path / "videos")
@@ -139,7 +139,7 @@ def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
     returns = dqn.evaluate(dqn.make_act(net.apply, 2), params, env_fn, 2, 1.0, 2, video=(folder, "eval-step-7"))
     assert os.listdir(folder) == ["eval-step-7-episode-0.mp4"]  # one episode of one sub-env
     frames = video_frames(os.path.join(folder, "eval-step-7-episode-0.mp4"))
-    assert returns[0] == 19 and len(frames) == returns[0] + 1
+    assert returns[0] == 27 and len(frames) == returns[0] + 1
     assert frames[0].shape == (400, 600, 3)  # CartPole's render size
     assert 0 < frames[0].mean() < 255  # a picture, not a blank frame
 
@@ -158,7 +158,7 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     render_size = (400, 600, 3) if name == "dqn" else (500, 500, 3)  # CartPole, Pendulum
     for video in videos:
         frames = video_frames(os.path.join(run_dir, "videos", video))
-        assert len(frames) > 10 and frames[0].shape == render_size
+        assert len(frames) > 5 and frames[0].shape == render_size
     out = terminal.getvalue()
     # tqdm's bar rewrites itself in place: steps done of the total, and the plain line's fields as
     # its postfix; the plain line itself is not printed on a terminal.
@@ -210,7 +210,7 @@ def test_plain_log_without_matplotlib_no_curve_and_an_evaluation_filmed_by_the_t
     assert re.search(r"^eval CartPole-v1: \S+ \+- \S+ over 2 episodes", out, re.M), out
     assert os.listdir(os.path.join(run_dir, "videos")) == ["eval-episode-0.mp4"]
     frames = video_frames(os.path.join(run_dir, "videos", "eval-episode-0.mp4"))
-    assert len(frames) > 10 and frames[0].shape == (400, 600, 3)
+    assert len(frames) > 5 and frames[0].shape == (400, 600, 3)
 
 
 @pytest.mark.parametrize("name", list(RUNS))

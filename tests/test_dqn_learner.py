@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rlax
 from helpers import load_script
 
 dqn = load_script("dqn_prioritized")
@@ -48,6 +49,9 @@ def test_loss_matches_numpy_reference(delta):
     )
     np.testing.assert_allclose(np.asarray(td), ref_td, rtol=1e-5, atol=1e-5)
     assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
+    q_next, q_next_target = net.apply(params, b["next_obs"]), net.apply(target, b["next_obs"])  # and rlax's
+    by_rlax = jax.vmap(rlax.double_q_learning)(q, b["action"], b["reward"], b["discount"], q_next_target, q_next)
+    np.testing.assert_allclose(np.asarray(td), np.asarray(by_rlax), rtol=1e-5, atol=1e-5)
     # The online net selects, the target net evaluates: swapping them must change the result.
     swapped, _ = dqn.double_q_loss(net.apply, target, params, b, delta)
     assert abs(float(swapped) - ref_loss) > 1e-4
@@ -150,17 +154,19 @@ def test_epsilon_greedy_act():
     act = dqn.make_act(net.apply, 4)
     obs = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
     greedy = np.asarray(net.apply(params, obs)).argmax(1)
-    key = jax.random.PRNGKey(5)
-    np.testing.assert_array_equal(np.asarray(act(params, obs, np.float32(0.0), key, np.int32(0))), greedy)
-    random = np.concatenate([np.asarray(act(params, obs, np.float32(1.0), key, np.int32(s))) for s in range(20)])
+    rng = np.random.default_rng(5)
+    np.testing.assert_array_equal(act(params, obs, 0.0, rng), greedy)
+    random = np.concatenate([act(params, obs, 1.0, rng) for _ in range(20)])
     counts = np.bincount(random, minlength=4) / len(random)
     assert np.all(np.abs(counts - 0.25) < 0.03)  # uniform over all actions
-    half = np.asarray(act(params, obs, np.float32(0.5), key, np.int32(3)))
+    half = act(params, obs, 0.5, rng)
     assert 0.25 < np.mean(half != greedy) < 0.5  # explores half the time, 3/4 of those differ
-    # Different steps give different draws; the same step the same draw.
-    a1 = np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1)))
-    np.testing.assert_array_equal(a1, np.asarray(act(params, obs, np.float32(1.0), key, np.int32(1))))
-    assert np.any(a1 != np.asarray(act(params, obs, np.float32(1.0), key, np.int32(2))))
+    one = act(params, obs[:1], 0.5, rng)  # one env: explores or not, the network only when not
+    assert one.shape == (1,) and 0 <= one[0] < 4
+    # The same seed gives the same draws, another seed others.
+    a1 = act(params, obs, 1.0, np.random.default_rng(1))
+    np.testing.assert_array_equal(a1, act(params, obs, 1.0, np.random.default_rng(1)))
+    assert np.any(a1 != act(params, obs, 1.0, np.random.default_rng(2)))
 
 
 def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that_step():

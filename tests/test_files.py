@@ -375,7 +375,6 @@ def test_dqn_replay_with_bad_contents_is_refused(runs, tmp_path, capsys):
         (lambda a: _set("replay/priority", 0, 2 * float(a["replay/max_priority"]))(a), "out of range"),
         (_put("replay/max_priority", 0.0), "out of range"),
         (_set("replay/reward", 0, np.inf), "not finite"),
-        (lambda a: a.__setitem__("key", a["key"].astype(np.int64)), "key is int64"),
         (_meta(global_step=-1), "bad counters"),
         (_meta(global_step=2**40), "bad counters"),
         (_meta(episodes="12"), "bad counters"),

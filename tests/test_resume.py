@@ -299,7 +299,7 @@ def assert_cpprb_holds(buffer, arrays: dict, args):
 
 def test_dqn_resume_restores_the_saved_state_leaf_by_leaf(stopped):
     """Built as train() builds it on --resume: the train state (params, target, optimiser state,
-    SGD steps), the key, the replay's rows, priorities, next index and max priority come back as
+    SGD steps), the replay's rows, priorities, next index and max priority come back as
     saved, in our arrays and in cpprb; the counters and the schedules at the resumed step are the
     saved run's."""
     run_dir, _, _ = stopped
@@ -322,8 +322,6 @@ def test_dqn_resume_restores_the_saved_state_leaf_by_leaf(stopped):
     assert_same_arrays(dqn.tree_arrays("train_state/", state), saved_state)
     for part in ("params", "target_params", "opt_state", "sgd_steps"):
         assert any(k.startswith(f"train_state/{part}") for k in saved_state), part
-    key = dqn.checked_array(arrays, "key", (2,), np.uint32, ckpt)
-    np.testing.assert_array_equal(key, arrays["key"])
 
     replay, _ = dqn.make_replay(args, space)
     replay.load_state_dict(arrays, ckpt, num_actions)

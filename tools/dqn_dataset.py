@@ -38,10 +38,9 @@ def rollout(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> tu
     try:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
-        returns, running, steps = np.zeros(episodes), np.ones(episodes, bool), []
+        returns, running, steps, rng = np.zeros(episodes), np.ones(episodes, bool), [], np.random.default_rng(seed)
         while running.any():
-            key = dqn.jax.random.PRNGKey(seed)
-            actions = np.asarray(act(params, obs, np.float32(epsilon), key, np.int32(len(steps))))
+            actions = act(params, obs, epsilon, rng)
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             real = dqn.real_next_obs(next_obs, terminated | truncated, info)
             steps.append((running.copy(), obs, actions, reward, real, terminated, truncated))
