@@ -537,7 +537,7 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))  # one compile, not one per eager op
 def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> TrainState:
-    params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    params = network.init(key, jnp.zeros((1, *obs_shape), jnp.float32))
     target_params = jax.tree_util.tree_map(jnp.copy, params)  # a copy: the update donates its state
     return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
 

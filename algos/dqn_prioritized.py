@@ -531,7 +531,7 @@ def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))  # one compile, not one per eager op
 def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> TrainState:
-    params = network.init(key, jnp.zeros((1,) + tuple(obs_shape), jnp.float32))
+    params = network.init(key, jnp.zeros((1, *obs_shape), jnp.float32))
     target = jax.tree_util.tree_map(jnp.copy, params)  # a copy: the update donates its input buffers
     return TrainState(params, target, optimizer.init(params), jnp.zeros((), jnp.int32))
 
@@ -624,7 +624,9 @@ def make_act(q_apply, num_actions: int):
         if explore.all():
             return rng.integers(num_actions, size=len(obs))
         actions = np.asarray(greedy(params, obs))
-        return np.where(explore, rng.integers(num_actions, size=len(obs)), actions) if explore.any() else actions
+        if explore.any():
+            actions = np.where(explore, rng.integers(num_actions, size=len(obs)), actions)
+        return actions
 
     return act
 
@@ -1013,7 +1015,7 @@ def train(args: Args, env_fn=None) -> dict:
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
-        state = init_train_state(network, optimizer, tuple(space.shape), jax.random.PRNGKey(args.seed))
+        state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
         unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
