@@ -733,7 +733,7 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
     try:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
-        returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng(seed)
+        returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng((seed, 1))
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
@@ -1068,7 +1068,7 @@ def train(args: Args, env_fn=None) -> dict:
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
-        rng = np.random.default_rng(args.seed + step)  # exploration's draws, seeded as the envs are
+        rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
         if frames is not None:
