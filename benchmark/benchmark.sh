@@ -240,7 +240,7 @@ PY
     "$PYTHON" benchmark/sac_flops.py --out "$RUNS/speed/sac-flops.json"
     "$PYTHON" benchmark/speed_vs_peers.py --sbx-python "$SBX_VENV/bin/python" --pairs "$NSEEDS" --seeds 5 \
       --cleanrl-python "$CLEANRL_VENV/bin/python" --cleanrl-dqn "$CLEANRL_VENV/dqn_jax.py" --out "$RUNS/speed/vs-peers"
-    mkdir -p "$OUT" && cp "$RUNS/speed/vs-peers/speed_vs_peers.md" "$OUT/speed_vs_peers.md"
+    mkdir -p "$OUT" && cp "$RUNS"/speed/vs-peers/speed_vs_peers.{md,json} "$OUT/"
     cp "$RUNS/speed/dqn-step-costs.json" "$OUT/dqn_step_costs.json"
     cp "$RUNS/speed/sac-flops.json" "$OUT/sac_flops.json"
     ;;
