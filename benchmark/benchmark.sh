@@ -243,6 +243,7 @@ PY
     mkdir -p "$OUT" && cp "$RUNS"/speed/vs-peers/speed_vs_peers.{md,json} "$OUT/"
     cp "$RUNS/speed/dqn-step-costs.json" "$OUT/dqn_step_costs.json"
     cp "$RUNS/speed/sac-flops.json" "$OUT/sac_flops.json"
+    cp "$RUNS/speed/bc-pipeline.json" "$OUT/bc_pipeline.json"
     ;;
   atari)
     NSEEDS=${SEEDS:-2} JOBS=1
