@@ -15,9 +15,9 @@ from helpers import ROOT, load_script
 def test_dqn_default_run_solves_cartpole_and_ends_solved(tmp_path):
     """Solved = an evaluation (10 greedy episodes) averages >= 475 within 100k steps, and so does the
     last one: the end of a run must be as good as its best. Runs are not reproducible (cpprb seeds its
-    sampler from the OS; the priority writer races it): the defaults' finals reach 475 in about 9 runs
-    of 10 (48 of 54 seeds on 2026-12-03, docs/dqn.md), so a run that ends under 475 gets one more try.
-    Where 9 in 10 end solved this fails once in about 100 CI runs; where half do, once in 4."""
+    sampler from the OS; the priority writer races it), and about 1 default run in 9 misses (6 of 54
+    seeds on 2026-12-03, docs/dqn.md), so a run that misses gets one more try. With independent tries
+    this fails in about 1 CI run of 80; the tries share the seed, so likely somewhat more often."""
     dqn = load_script("dqn_prioritized")
     runs = []
     for attempt in range(2):
@@ -25,11 +25,11 @@ def test_dqn_default_run_solves_cartpole_and_ends_solved(tmp_path):
         assert result["global_step"] <= 100_000
         with open(os.path.join(result["run_dir"], "eval.csv")) as f:
             evals = [float(row["mean"]) for row in csv.DictReader(f)]
-        assert len(evals) == 10 and max(evals) >= 475, evals
+        assert len(evals) == 10, evals
         runs.append(evals)
-        if evals[-1] >= 475:
+        if max(evals) >= 475 and evals[-1] >= 475:
             break
-    assert runs[-1][-1] >= 475, runs
+    assert max(runs[-1]) >= 475 and runs[-1][-1] >= 475, runs
 
 
 def test_sac_default_run_reaches_pendulum_threshold(tmp_path):
