@@ -527,7 +527,7 @@ def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
         step = optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
     else:
         step = optax.adam(lr, eps=args.adam_eps)
-    clip = optax.clip_by_global_norm(args.max_grad_norm or float("inf"))  # one state layout, clipped or not
+    clip = optax.clip_by_global_norm(args.max_grad_norm) if args.max_grad_norm else optax.identity()
     return optax.chain(clip, step)
 
 

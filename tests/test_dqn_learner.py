@@ -191,11 +191,13 @@ def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that
     assert np.isfinite(np.asarray(ok)).all()
 
 
-@pytest.mark.parametrize("max_grad_norm", [None, 10.0])
-def test_optimizer_is_adam_on_the_gradient_clipped_only_when_asked(max_grad_norm):
+@pytest.mark.parametrize("flags", [{}, {"max_grad_norm": 10.0}])
+def test_optimizer_is_adam_on_the_gradient_clipped_only_when_asked(flags):
     """Against Adam in numpy: by default the gradient goes in as it is (a clip at 10 held back the
-    squared error's learning at CleanRL's settings, docs/dqn.md); --max-grad-norm c scales it to norm <= c."""
-    args = dqn.Args(anneal_lr=False, max_grad_norm=max_grad_norm)
+    squared error's learning at CleanRL's settings, docs/dqn.md); --max-grad-norm c scales it to norm <= c.
+    A large eps, so that it shows where it goes (outside the root)."""
+    args = dqn.Args(anneal_lr=False, adam_eps=0.1, **flags)
+    max_grad_norm = args.max_grad_norm
     opt = dqn.make_optimizer(args, 100)
     rng = np.random.default_rng(0)
     params = {"w": rng.normal(size=(3, 2)).astype(np.float32), "b": rng.normal(size=2).astype(np.float32)}
@@ -211,3 +213,4 @@ def test_optimizer_is_adam_on_the_gradient_clipped_only_when_asked(max_grad_norm
         want = -args.learning_rate * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + args.adam_eps)
         got = np.concatenate([np.asarray(updates["w"]).ravel(), np.asarray(updates["b"])])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
+    assert flags or max_grad_norm is None  # the default
