@@ -3,9 +3,10 @@ one switch per way this project's DQN differs from it: finds which difference co
 
 The port keeps dqn_jax.py's algorithm and random streams (python's random for exploration, numpy's
 for replay draws, the same jax keys, the action space seeded with --seed), so a seed's episodes
-follow dqn_jax.py's own run in its venv, in full or until a late difference (seeds 1-6, docs/dqn.md). What changes: gymnasium 1.x (SAME_STEP autoreset: the final
-observation comes from info["final_obs"]) and a numpy replay in place of stable-baselines3's (the
-same np.random.randint draws). Settings: 200k steps, uniform 1-step replay of 10k, batch 128, one
+follow dqn_jax.py's own run in its venv, in full or until a late difference (seeds 1-6,
+docs/dqn.md). What changes: gymnasium 1.x (SAME_STEP autoreset: the final observation comes from
+info["final_obs"]) and a numpy replay in place of stable-baselines3's (the same np.random.randint
+draws). Settings: 200k steps, uniform 1-step replay of 10k, batch 128, one
 SGD step per 10 env steps from 10k on, Adam at 2.5e-4, target copy every 500 env steps, epsilon
 1 -> 0.05 over 100k, 120-84 MLP, the squared error. Switches:
   --double       double-Q targets (this project's) in place of max_a Q_target(s', a)
