@@ -1,9 +1,9 @@
 """Soft actor-critic with prioritized experience replay and n-step returns, in one file.
 
 Implements SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et
-al. 2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905), on the schedule of CleanRL's
-sac_continuous_action.py (the temperature starts at 1 and learns at the critics' rate; the actor and
-temperature take two steps every second critic step; 1,000 random steps first: docs/sampling.md),
+al. 2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905), with the settings of jaxrl's
+SAC (Kostrikov 2021, github.com/ikostrikov/jaxrl: 10,000 random steps first, Adam at 3e-4 throughout,
+one actor and temperature step per critic step, target entropy -|A|/2, orthogonal init: docs/benchmarks.md),
 proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb with an IS-weighted
 critic loss, and n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a
 thread samples batches and puts them on the device, K SGD steps run in one jitted call, another thread
@@ -76,7 +76,7 @@ from pydantic import Field
 
 SCRIPT = "sac"
 FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the clip of the SAC authors' code (softlearning)
+LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0  # the clip of jaxrl's actor
 ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
@@ -103,7 +103,7 @@ class Args:
     """hidden layer widths of the actor and of each critic"""
     policy_lr: Positive = 3e-4
     """Adam step size of the actor"""
-    q_lr: Positive = 1e-3
+    q_lr: Positive = 3e-4
     """Adam step size of the critics"""
     alpha_lr: Optional[Positive] = None
     """Adam step size of log alpha (default: --q-lr, as CleanRL)"""
@@ -117,7 +117,7 @@ class Args:
     """Polyak rate of the target critics"""
     target_network_frequency: Count = 1
     """SGD steps between target-critic updates"""
-    policy_frequency: Annotated[int, Field(ge=1, le=1000)] = 2
+    policy_frequency: Annotated[int, Field(ge=1, le=1000)] = 1
     """SGD steps between actor and alpha updates (each time that many of them, as CleanRL)"""
     huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1e6
     """Huber threshold of the critic loss (the default is the squared error)"""
@@ -127,9 +127,9 @@ class Args:
     """the temperature with --no-autotune"""
     alpha_init: Positive = 1.0
     """initial temperature with --autotune (CleanRL, sbx, softlearning and jaxrl start at 1)"""
-    target_entropy_scale: Annotated[float, Field(ge=-100, le=100)] = 1.0
+    target_entropy_scale: Annotated[float, Field(ge=-100, le=100)] = 0.5
     """target entropy = -scale * |A|"""
-    learning_starts: Count = 1_000
+    learning_starts: Count = 10_000
     """environment steps of uniformly random actions before learning"""
     train_frequency: Count = 1
     """environment steps per SGD step"""
@@ -192,6 +192,8 @@ class RunFailed(Exception):
 
 # ----------------------------------------------------------------------------------------- NETWORKS
 
+Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))  # jaxrl's init (flax: LeCun)
+
 
 class Actor(nn.Module):
     """s -> (mean, log_std) of the Gaussian that tanh squashes into [-1, 1]^|A|."""
@@ -203,8 +205,8 @@ class Actor(nn.Module):
     def __call__(self, obs):
         x = obs.astype(jnp.float32)
         for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.action_dim)(x), jnp.clip(nn.Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
+            x = nn.relu(Dense(width)(x))
+        return Dense(self.action_dim)(x), jnp.clip(Dense(self.action_dim)(x), LOG_STD_MIN, LOG_STD_MAX)
 
 
 class Critic(nn.Module):
@@ -214,8 +216,8 @@ class Critic(nn.Module):
     def __call__(self, obs, action):
         x = jnp.concatenate([obs.astype(jnp.float32), action], axis=-1)
         for width in self.hidden_sizes:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(1)(x)[..., 0]
+            x = nn.relu(Dense(width)(x))
+        return Dense(1)(x)[..., 0]
 
 
 class TwinCritic(nn.Module):

@@ -161,7 +161,7 @@ case "$MODE" in
                  --eval-every 500000 --checkpoint-every 0)
     cleanrl_sac=(--total-timesteps 15000 --learning-starts 5000 --batch-size 256 --policy-frequency 2
                  --target-network-frequency 1 --tau 0.005 --policy-lr 3e-4 --q-lr 1e-3
-                 --hidden-sizes 256 256 --eval-every 15000 --checkpoint-every 0)
+                 --target-entropy-scale 1 --hidden-sizes 256 256 --eval-every 15000 --checkpoint-every 0)
     seeds speed dqn-cleanrl-envs1 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 1
     seeds speed dqn-cleanrl-envs8 CartPole-v1 $DQN "${cleanrl_dqn[@]}" --num-envs 8
     seeds speed sac-cleanrl Pendulum-v1 $SAC "${cleanrl_sac[@]}"

@@ -51,7 +51,7 @@ SETTINGS = {
         gamma=0.99,
         train_freq=1,
         gradient_steps=1,
-        # CleanRL's policy_frequency 2 (this project's too) takes 2 actor+alpha steps after every
+        # CleanRL's policy_frequency 2 (given to this project too) takes 2 actor+alpha steps after every
         # 2nd critic step: one per critic step on average. sbx's policy_delay 2 would take one after
         # every 2nd, half the actor's work (its FLOPs are 44% of the step's: benchmark/sac_flops.py).
         # policy_delay 1 gives sbx the same work per env step.

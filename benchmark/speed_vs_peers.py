@@ -85,6 +85,8 @@ SAME = {
             "256",
             "--policy-frequency",
             "2",
+            "--target-entropy-scale",
+            "1",
             "--target-network-frequency",
             "1",
             "--tau",
