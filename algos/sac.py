@@ -192,7 +192,8 @@ class RunFailed(Exception):
 
 # ----------------------------------------------------------------------------------------- NETWORKS
 
-Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))  # jaxrl's init (flax: LeCun)
+# jaxrl's init (flax: LeCun), but for jaxrl's log-std head, which has gain 1
+Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))
 
 
 class Actor(nn.Module):
