@@ -192,7 +192,7 @@ class RunFailed(Exception):
 
 # ----------------------------------------------------------------------------------------- NETWORKS
 
-# jaxrl's init (flax: LeCun), but for jaxrl's log-std head, which has gain 1
+# orthogonal with gain sqrt 2 on every layer, as jaxrl but for its log-std head's gain 1 (flax: LeCun)
 Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))
 
 
