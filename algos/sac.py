@@ -192,7 +192,8 @@ class RunFailed(Exception):
 
 # ----------------------------------------------------------------------------------------- NETWORKS
 
-# orthogonal with gain sqrt 2 on every layer, as jaxrl but for its log-std head's gain 1 (flax: LeCun)
+# jaxrl's orthogonal init, with which SAC learns more by 100k steps than with flax's LeCun normal
+# (docs/benchmarks.md); gain sqrt 2 on every layer, where jaxrl's log-std head has gain 1
 Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))
 
 
