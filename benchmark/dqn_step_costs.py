@@ -22,8 +22,8 @@ replay). Two measurements, one after the other in one sitting:
   loop:  the script itself run as a subprocess for --loop-steps env steps with those flags: the
          median env steps/s over its log windows that learned (benchmark_summary.read_throughput),
          as microseconds per env step. The part of it the pieces above do not explain is the
-         rest of the loop: Python between the calls, episode bookkeeping and logging, the
-         prefetch and priority threads' share of the cores.
+         rest of the loop: episode bookkeeping, the prefetch and priority threads' share of the
+         cores, and the pieces' own extra cost inside the loop (docs/benchmarks.md: most of it).
 
     python benchmark/dqn_step_costs.py [--repeats 5] [--loop-steps 200000] [--out FILE]
 """
