@@ -95,7 +95,7 @@ def test_preset_minatar_from_the_command_line():
         1_000,
     )
     assert args.end_e == 0.1 and args.exploration_fraction * args.total_timesteps == 100_000
-    assert args.n_step == dqn.Args().n_step and args.prioritized  # the project's own, on top
+    assert args.n_step == 3 and args.prioritized  # Rainbow's replay on top
     typed = dqn.parse_args(["--preset=minatar", "--batch-size", "64", "--no-prioritized"])
     assert typed.batch_size == 64 and not typed.prioritized and typed.buffer_size == 100_000
 
