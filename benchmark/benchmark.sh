@@ -8,7 +8,7 @@
 #   full      docs/benchmarks.md's table: DQN CartPole-v1, Acrobot-v1, MountainCar-v0, LunarLander-v3; SAC
 #             Pendulum-v1 and HalfCheetah/Hopper/Walker2d/Ant-v5 (100k steps, only --env-id set); BC on the three shipped datasets
 #             (expert Pendulum and CartPole, medium HalfCheetah); 5 seeds
-#   ablation  same seeds: DQN CartPole-v1 PER on/off and 3-step vs 1-step; SAC Pendulum-v1 and
+#   ablation  same seeds: DQN CartPole-v1 PER on/off and 5-step vs 1-step; SAC Pendulum-v1 and
 #             HalfCheetah-v5 PER off/on (and on HalfCheetah PER with cpprb's whole-buffer IS-weight
 #             normalisation); BC on the three shipped datasets PER off/on; 5 seeds
 #   speed     throughput at CleanRL's settings (DQN dqn_jax.py CartPole with 1 and 8 envs,
