@@ -113,8 +113,8 @@ class Args:
     gamma: Rate = 0.99
     """discount factor"""
     n_step: Annotated[int, Field(ge=1, le=1000)] = 5
-    """rewards per return (1: one-step Q-learning; 5, not Rainbow's 3: CartPole's late failures, the cart
-    slowly leaving the track, reach the early states sooner, docs/dqn.md)"""
+    """rewards per return (1: one-step Q-learning; 5, not Rainbow's 3: fewer CartPole runs end with the cart
+    driven off the track, docs/dqn.md)"""
     huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1.0
     """Huber loss threshold (a large value gives the squared error)"""
     clip_reward: Optional[Positive] = None
