@@ -1000,11 +1000,19 @@ def train(args: Args, env_fn=None) -> dict:
     env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
     evaluation envs (default: make_env for --env-id). Returns a summary dict."""
     args = check_args(args)
+    sgd_steps = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
     if args.tau == 1 and args.huber_delta <= 1 and args.target_network_frequency < 500:
         print(
             f"warning: the Huber loss with a target copy every {args.target_network_frequency} SGD steps did not "
             "learn at CleanRL's CartPole settings (docs/dqn.md): give --huber-delta 1e30 (its squared error) or a "
             "longer --target-network-frequency",
+            file=sys.stderr,
+        )
+    if args.huber_delta <= 1 and args.train_frequency >= 10 and sgd_steps < 40_000:
+        print(
+            f"warning: with the Huber loss, one SGD step per {args.train_frequency} env steps ({sgd_steps:,} in all) "
+            "learned but fell back by the end at CleanRL's CartPole settings (docs/dqn.md): give --train-frequency 2, "
+            "or CleanRL's squared error and period (--huber-delta 1e30 --target-network-frequency 50)",
             file=sys.stderr,
         )
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
@@ -1018,7 +1026,7 @@ def train(args: Args, env_fn=None) -> dict:
         require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
-        optimizer = make_optimizer(args, max(0, args.total_timesteps - args.learning_starts) // args.train_frequency)
+        optimizer = make_optimizer(args, sgd_steps)
         state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
