@@ -1008,7 +1008,7 @@ def train(args: Args, env_fn=None) -> dict:
             "longer --target-network-frequency",
             file=sys.stderr,
         )
-    if args.huber_delta <= 1 and args.train_frequency >= 10 and sgd_steps < 40_000:
+    if args.huber_delta <= 1 and args.train_frequency >= 10 and sgd_steps < 35_000:
         print(
             f"warning: with the Huber loss, one SGD step per {args.train_frequency} env steps ({sgd_steps:,} in all) "
             "learned but fell back by the end at CleanRL's CartPole settings (docs/dqn.md): give --train-frequency 2, "

@@ -171,26 +171,34 @@ def test_fresh_run_refuses_a_folder_that_is_not_empty(held, tmp_path, capsys):
     assert snapshot(run_dir) == before
 
 
+# CleanRL's CartPole flags as issue 28 typed them, less its target period
 CLEANRL = "--train-frequency 10 --learning-rate 2.5e-4 --buffer-size 10000 --learning-starts 10000".split()
-CLEANRL += "--total-timesteps 200000 --exploration-fraction 0.5".split()  # issue 28's line
+CLEANRL += "--total-timesteps 200000 --batch-size 128 --exploration-fraction 0.5 --end-e 0.05".split()
 PERIOD = "a target copy every {} SGD steps did not learn at CleanRL's CartPole settings (docs/dqn.md): give --huber"
-FEW = "one SGD step per 10 env steps (19,000 in all) learned but fell back by the end at CleanRL's CartPole settings"
+FEW = "one SGD step per 10 env steps ({} in all) learned but fell back by the end at CleanRL's CartPole settings"
 
 
 @pytest.mark.parametrize(
     "flags, warned",
     [
         # CleanRL's period, 500 env steps, in SGD steps: it diverged, and 19,000 SGD steps are too few
-        (CLEANRL + ["--target-network-frequency", "50", "--no-prioritized", "--n-step", "1"], [PERIOD.format(50), FEW]),
+        (
+            CLEANRL + ["--target-network-frequency", "50", "--no-prioritized", "--n-step", "1"],
+            [PERIOD.format(50), FEW.format("19,000")],
+        ),
         (
             CLEANRL + ["--target-network-frequency", "200", "--no-prioritized", "--n-step", "1"],
-            [PERIOD.format(200), FEW],
+            [PERIOD.format(200), FEW.format("19,000")],
         ),
         (CLEANRL + ["--target-network-frequency", "50", "--huber-delta", "1e30"], []),  # its squared error held
-        (CLEANRL + ["--target-network-frequency", "500"], [FEW]),  # its command line as typed fell back
+        (CLEANRL + ["--target-network-frequency", "500"], [FEW.format("19,000")]),  # its line as typed fell back
+        (CLEANRL + ["--target-network-frequency", "500", "--total-timesteps", "350000"], [FEW.format("34,000")]),
+        (CLEANRL + ["--target-network-frequency", "500", "--total-timesteps", "360000"], []),  # 35,000 SGD steps
         (CLEANRL + ["--target-network-frequency", "500", "--train-frequency", "2"], []),  # held
         (CLEANRL + ["--target-network-frequency", "500", "--total-timesteps", "500000"], []),  # CleanRL's budget held
         ([], []),
+        (["--preset", "atari"], []),
+        (["--preset", "minatar"], []),
     ],
 )
 def test_settings_that_did_not_hold_on_cartpole_are_one_warning_each_at_the_start(flags, warned, tmp_path, capsys):
@@ -203,7 +211,9 @@ def test_settings_that_did_not_hold_on_cartpole_are_one_warning_each_at_the_star
     (run_dir / "notes.txt").write_text("mine\n")
     capsys.readouterr()
     assert run_cli(flags + ["--run-dir", str(run_dir)]) == 2
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    err = capsys.readouterr().err
+    assert "is not empty" in err, err  # the flags were taken and the run got as far as its folder
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == len(warned) and all(w in line for w, line in zip(warned, warnings)), warnings
     assert all("): give --" in line for line in warnings), warnings  # each names a flag to change
 
