@@ -1193,10 +1193,13 @@ def train(args: Args) -> dict:
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
         def publish():
-            """The newest parameters in Ray's object store for the requests sent from now on: once per
-            round of actor syncs, since each request in flight holds the copy it was sent with."""
-            nonlocal published, published_step
-            published = [ray.put((sgd_done, jax.device_get((state.params, state.target_params))))]
+            """The newest parameters in Ray's object store for the requests sent once it is there: once
+            per round of actor syncs, since each request in flight holds the copy it was sent with. The
+            copy is taken now (the next update donates the state); the writer thread waits for the
+            device and puts it in the store, so the loop does not wait."""
+            nonlocal publishing, published_step
+            copy = jax.device_put((state.params, state.target_params), cpu, may_alias=False)
+            publishing = writer.submit(lambda version=sgd_done: [ray.put((version, jax.device_get(copy)))])
             published_step = step
 
         def calls_due() -> int:
@@ -1220,16 +1223,19 @@ def train(args: Args) -> dict:
             nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-            returns = evaluate(
-                act, state.params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
-            )
+            with jax.default_device(cpu):  # the policy and its keys on the host CPU, with the current params
+                params = jax.device_put(state.params, cpu, may_alias=False)
+                returns = evaluate(
+                    act, params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
+                )
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
-        published, published_step = None, step
+        publishing, published_step, cpu = None, step, jax.devices("cpu")[0]
         publish()
+        published = publishing.result()
         for i, actor in enumerate(actors):
             pending[actor.collect.remote(published)] = i
         where = args.ray_address or (f"local, {node_address()}" if started_ray else "already running")
@@ -1242,6 +1248,7 @@ def train(args: Args) -> dict:
             # learn), at its actor's priorities; the actor gets its next request first.
             if step - published_step >= args.param_sync_every * args.num_envs * n:
                 publish()
+            published = publishing.result() if publishing.done() else published
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.0 if calls_due() else 0.1)
             if ready:  # and whatever else is ready by now
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)

@@ -342,9 +342,11 @@ def learner_shardings(args: Args) -> Shardings:
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
-def local_copy(tree):
-    """Device 0's copy of a replicated tree, without a transfer, for acting on one device."""
-    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
+def actor_copy(params, device):
+    """A copy of the learner's params (device 0's replica) on `device`, to evaluate there."""
+    return jax.device_put(
+        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
+    )
 
 
 def make_act(policy: Policy, mode: str):
@@ -1027,7 +1029,7 @@ def train(args: Args) -> dict:
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
-        metrics, last_eval, act_params = {}, "-", local_copy(state.params)
+        metrics, last_eval = {}, "-"
         saved_step, saved_time = (step if args.resume else None), time.monotonic()
         tick = dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
         meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": data.env_id}
@@ -1046,7 +1048,8 @@ def train(args: Args) -> dict:
         def evaluation(prefix: str):
             nonlocal last_eval, missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
-            returns = evaluate(act, act_params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
+            params = actor_copy(state.params, jax.devices("cpu")[0])  # the policy acts on the host CPU
+            returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
                 logger.eval(step, returns, score, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
@@ -1074,7 +1077,7 @@ def train(args: Args) -> dict:
             while writes and writes[0].done():
                 writes.popleft().result()  # raises the writer's error, e.g. divergence
             tick["learn"] += time.perf_counter() - t0
-            before, step, act_params = step, step + steps, local_copy(state.params)
+            before, step = step, step + steps
 
             if step // args.log_every > before // args.log_every:
                 last, tick = tick, dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)

@@ -17,6 +17,9 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> 1
   Each minibatch is its own stratified draw over the whole buffer. theta_target <- theta every
   --target-network-frequency SGD steps (a Polyak average if --tau < 1). --no-prioritized is alpha = 0.
+  Acting: epsilon-greedy in Q(s, .; theta_act) on the host CPU (Acme's split), theta_act a copy of theta as
+  the update call in flight found it: the behaviour policy lags the learner by at most one call of K
+  SGD steps, and on an accelerator the envs step while that call runs (a resume starts with no lag).
 
 Run
   python algos/dqn_prioritized.py                                   # CartPole-v1, 100k steps
@@ -153,6 +156,8 @@ class Args:
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
+    actor_device: Literal["cpu", "learner"] = "cpu"
+    """where the policy acts: the host CPU (Acme's split), or the learner's first device"""
     # Run and output
     eval_every: Count = 10_000
     """environment steps between evaluations"""
@@ -610,12 +615,24 @@ def learner_shardings(args: Args) -> Shardings:
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
-def local_copy(tree):
-    """Device 0's copy of a replicated tree, without a transfer, for acting on one device."""
-    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
-
-
 # ------------------------------------------------------------------------------------------- ACTING
+
+
+def actor_device(learner_devices, choice: str = "cpu"):
+    """The device that acts: the host CPU, as Acme's actors, unless the learner is there already or
+    --actor-device learner asks for the learner's first device. On an accelerator every env step
+    would wait for a round trip to it, which costs more than a small network on the CPU."""
+    if choice == "learner" or learner_devices[0].platform == "cpu":
+        return learner_devices[0]
+    return jax.devices("cpu")[0]
+
+
+def actor_copy(params, device):
+    """The actor's own copy of the learner's params (device 0's replica) on `device`: a copy even
+    on the same device, since the next update call donates the learner's buffers."""
+    return jax.device_put(
+        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
+    )
 
 
 def make_act(q_apply, num_actions: int):
@@ -1051,7 +1068,8 @@ def train(args: Args, env_fn=None) -> dict:
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         frames, lives, metrics, last_eval = replay.frames, None, {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        sgd_done, act_params = int(state.sgd_steps), local_copy(state.params)
+        actor = actor_device(shardings.replicated.mesh.devices.flat, args.actor_device)
+        sgd_done, act_params = int(state.sgd_steps), actor_copy(state.params, actor)  # a resume: no lag yet
         next_log, next_eval, next_ckpt = (
             next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
         )
@@ -1072,9 +1090,8 @@ def train(args: Args, env_fn=None) -> dict:
             nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-            returns = evaluate(
-                act, act_params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
-            )
+            params = actor_copy(state.params, actor)  # the current params, not the lagging actor's
+            returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped)
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
@@ -1126,6 +1143,7 @@ def train(args: Args, env_fn=None) -> dict:
                 t0 = time.perf_counter()
                 batches, indexes, stamps = ahead.popleft().result()
                 tick["wait"] += time.perf_counter() - t0
+                act_params = actor_copy(state.params, actor)  # call i-1's params act while call i runs
                 state, metrics, priorities = update(state, batches)
                 write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
                 writes.append(writer.submit(write_priorities, *write))
@@ -1133,7 +1151,6 @@ def train(args: Args, env_fn=None) -> dict:
                     writes.popleft().result()  # raises the writer's error, e.g. divergence
                 tick["learn"] += time.perf_counter() - t0
                 sgd_done += args.updates_per_call
-                act_params = local_copy(state.params)
 
             if step >= next_log:
                 next_log, last = next_multiple(step, args.log_every), tick

@@ -25,6 +25,9 @@ the env's bounds are an affine map after, so the target entropy means the same f
             distribution with full support.
   Q_target <- tau Q + (1 - tau) Q_target every --target-network-frequency SGD steps; every
   --policy-frequency SGD steps the actor and alpha take --policy-frequency steps.
+  Acting: a ~ pi(.|s; phi_act) on the host CPU (Acme's split), phi_act a copy of the actor's params as the
+  update call in flight found them: the behaviour policy lags the learner by at most one call of K SGD
+  steps, and on an accelerator the envs step while that call runs (a resume starts with no lag).
 
 Run
   python algos/sac.py                                          # Pendulum-v1, 20k steps
@@ -153,6 +156,8 @@ class Args:
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
+    actor_device: Literal["cpu", "learner"] = "cpu"
+    """where the policy acts: the host CPU (Acme's split), or the learner's first device"""
     # Run and output
     eval_every: Count = 5_000
     """environment steps between evaluations"""
@@ -574,12 +579,24 @@ def learner_shardings(args: Args) -> Shardings:
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
-def local_copy(tree):
-    """Device 0's copy of a replicated tree, without a transfer, for acting on one device."""
-    return jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, tree)
-
-
 # ------------------------------------------------------------------------------------------- ACTING
+
+
+def actor_device(learner_devices, choice: str = "cpu"):
+    """The device that acts: the host CPU, as Acme's actors, unless the learner is there already or
+    --actor-device learner asks for the learner's first device. On an accelerator every env step
+    would wait for a round trip to it, which costs more than a small network on the CPU."""
+    if choice == "learner" or learner_devices[0].platform == "cpu":
+        return learner_devices[0]
+    return jax.devices("cpu")[0]
+
+
+def actor_copy(params, device):
+    """The actor's own copy of the learner's params (device 0's replica) on `device`: a copy even
+    on the same device, since the next update call donates the learner's buffers."""
+    return jax.device_put(
+        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
+    )
 
 
 def make_act(actor: Actor):
@@ -983,7 +1000,9 @@ def train(args: Args, env_fn=None) -> dict:
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         metrics, last_eval = {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        sgd_done, act_params = int(state.sgd_steps), local_copy(state.actor_params)
+        actor = actor_device(shardings.replicated.mesh.devices.flat, args.actor_device)
+        sgd_done, act_params = int(state.sgd_steps), actor_copy(state.actor_params, actor)  # a resume: no lag yet
+        act_key = jax.device_put(key, actor)  # the policy's inputs live where it runs: no transfer per step
         next_log, next_eval, next_ckpt = (
             next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
         )
@@ -1004,7 +1023,8 @@ def train(args: Args, env_fn=None) -> dict:
             nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-            returns = evaluate(act, act_params, env_fn, args.eval_episodes, eval_seed, video, stopped)
+            params = actor_copy(state.actor_params, actor)  # the current params, not the lagging actor's
+            returns = evaluate(act, params, env_fn, args.eval_episodes, eval_seed, video, stopped)
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
@@ -1019,7 +1039,7 @@ def train(args: Args, env_fn=None) -> dict:
             if step < args.learning_starts:
                 action = from_env_action(envs.action_space.sample(), low, high)
             else:
-                action = np.asarray(act(act_params, obs, key, np.int32(step), deterministic=False))
+                action = np.asarray(act(act_params, obs, act_key, np.int32(step), deterministic=False))
             next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
             done = terminated | truncated
 
@@ -1047,6 +1067,7 @@ def train(args: Args, env_fn=None) -> dict:
                 t0 = time.perf_counter()
                 batches, indexes, stamps = ahead.popleft().result()
                 tick["wait"] += time.perf_counter() - t0
+                act_params = actor_copy(state.actor_params, actor)  # call i-1's params act while call i runs
                 state, metrics, priorities = update(state, batches, key)
                 write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
                 writes.append(writer.submit(write_priorities, *write))
@@ -1054,7 +1075,6 @@ def train(args: Args, env_fn=None) -> dict:
                     writes.popleft().result()  # raises the writer's error, e.g. divergence
                 tick["learn"] += time.perf_counter() - t0
                 sgd_done += args.updates_per_call
-                act_params = local_copy(state.actor_params)
 
             if step >= next_log:
                 next_log, last = next_multiple(step, args.log_every), tick

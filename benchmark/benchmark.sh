@@ -34,6 +34,10 @@
 #             dqn_prioritized.py's default run; where the replay should live (in the learner or
 #             a Ray actor) and what one actor and one update cost (benchmark/apex_*.py); one at a
 #             time; 3 seeds
+#   accelerator PART   on a machine with a GPU or TPU: each workload there and on its host CPU
+#             (JAX_PLATFORMS=cpu), one run at a time, into results/accelerator.md; PART (each under
+#             9 minutes) is one of dqn, minatar, sac, bc, cleanrl, sbx, atari, learning
+#             (benchmark/accelerator.py says what each runs); on a CPU-only machine it says so
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores)
@@ -53,7 +57,7 @@ die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^# PYTHON/p' benchmark/benchmark.sh | sed 's/^# \{0,1\}//'; }  # after the cd
 is_count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
-JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE=""
+JOBS=$(nproc 2>/dev/null || echo 2) SEEDS="" FORCE="" RUNS=runs/bench OUT=results MODE="" PART=""
 while (( $# )); do
   case "$1" in
     -j) (( $# >= 2 )) || die "-j needs a value"; is_count -j "$2"; JOBS=$2; shift 2 ;;
@@ -64,13 +68,21 @@ while (( $# )); do
     --out) (( $# >= 2 )) || die "--out needs a directory"; OUT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option '$1' (see ./benchmark/benchmark.sh --help)" ;;
-    *) [ -z "$MODE" ] || die "one mode at a time, got '$MODE' and '$1'"; MODE=$1; shift ;;
+    *) if [ -z "$MODE" ]; then MODE=$1; elif [ "$MODE" = accelerator ] && [ -z "$PART" ]; then PART=$1
+       else die "one mode at a time, got '$MODE' and '$1'"; fi; shift ;;
   esac
 done
 case "$MODE" in
   quick|full|ablation|speed|atari|minatar|apex|summary) ;;
-  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari, minatar, apex or summary" ;;
-  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari, minatar, apex or summary" ;;
+  accelerator)
+    PARTS="dqn minatar sac bc cleanrl sbx atari learning"
+    [[ " $PARTS " == *" $PART "* ]] || die "accelerator needs one part of: $PARTS"
+    if [ "$("$PYTHON" -c 'import jax; print(jax.default_backend())')" = cpu ]; then
+      echo "benchmark.sh accelerator: JAX sees no accelerator here (only the CPU): nothing to measure"; exit 0
+    fi
+    exec "$PYTHON" benchmark/accelerator.py "$PART" "$RUNS" "$OUT" ;;
+  "") usage >&2; die "no mode given: quick, full, ablation, speed, atari, minatar, apex, accelerator or summary" ;;
+  *) die "unknown mode '$MODE': quick, full, ablation, speed, atari, minatar, apex, accelerator or summary" ;;
 esac
 
 # run STEM CMD...: one run with --run-dir STEM, output in STEM.log, exit status in STEM.exit.

@@ -1,0 +1,234 @@
+"""`./benchmark/benchmark.sh accelerator PART`: each workload on the machine's accelerator and on its
+host CPU (JAX_PLATFORMS=cpu), one process at a time, the two runs of a pair one after the other.
+Each run's row goes to RUNS/accelerator.jsonl; OUT/accelerator.md is rebuilt from the newest row of
+every (workload, platform). A PART fits in one 9-minute call of a lent machine.
+
+  dqn      DQN CartPole-v1 defaults 50k; CleanRL's CartPole command line 100k (our flags for it)
+  minatar  DQN --preset minatar on MinAtar/Breakout-v1, 50k
+  sac      SAC HalfCheetah-v5, 25k steps learning from 5k
+  bc       BC halfcheetah-sac-medium, 20k updates, and the time of each stage of its input path
+  cleanrl  CleanRL's own dqn_jax.py, 100k (CLEANRL_PYTHON, CLEANRL_DQN)
+  sbx      sbx's SAC on HalfCheetah-v5 at sac's settings (SBX_PYTHON)
+  atari    DQN --preset atari on ALE/Breakout-v5, 20k steps learning from 5k, actor on CPU or on the learner
+  learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
+
+SPS: the median of the run's charts/SPS over the second half of its steps (a run whose only
+evaluation is its final one); for BC perf/updates_per_second. Peers: whole-process time.
+"""
+
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOEVAL = ["--checkpoint-every", "0"]
+CLEANRL_LINE = "--train-frequency 10 --batch-size 128 --buffer-size 10000 --learning-rate 2.5e-4 "
+CLEANRL_LINE += "--target-network-frequency 50 --learning-starts 10000 --exploration-fraction 0.5 --end-e 0.05 "
+CLEANRL_LINE += "--hidden-sizes 120 84 --no-anneal-lr"
+HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
+PARTS = {
+    "dqn": [
+        ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
+        (
+            "DQN CleanRL's CartPole line, 100k steps",
+            "dqn",
+            f"--total-timesteps 100000 --eval-every 100000 {CLEANRL_LINE}",
+        ),
+    ],
+    "minatar": [
+        (
+            "DQN MinAtar Breakout --preset minatar, 50k",
+            "dqn",
+            "--env-id MinAtar/Breakout-v1 --preset minatar --total-timesteps 50000 --eval-every 50000",
+        )
+    ],
+    "sac": [("SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sac", HALFCHEETAH)],
+    "bc": [
+        (
+            "BC halfcheetah-sac-medium, 20k updates",
+            "bc",
+            "--dataset data/halfcheetah-sac-medium.hdf5 --eval-every 20000",
+        )
+    ],
+    "cleanrl": [("CleanRL dqn_jax.py (its CartPole line), 100k steps", "cleanrl", "--total-timesteps 100000")],
+    "sbx": [("sbx 0.28 SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sbx", "")],
+    "atari": [
+        (
+            f"DQN ALE/Breakout-v5 --preset atari, actor on {where}, 20k steps",
+            "dqn",
+            "--env-id ALE/Breakout-v5 --preset atari --total-timesteps 20000 --learning-starts 5000 "
+            f"--eval-every 20000 --eval-episodes 1 --buffer-size 100000 --actor-device {where}",
+        )
+        for where in ("cpu", "learner")
+    ],
+}
+SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
+
+
+def median_second_half(run_dir: str, tag: str):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        values += [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+    last = max((s for s, _ in values), default=0)
+    half = [v for s, v in values if s > last / 2]
+    return statistics.median(half) if half else None
+
+
+def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int = 1) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    else:
+        env.pop("JAX_PLATFORMS", None)
+    work = tempfile.mkdtemp(prefix="accel-")
+    if kind == "cleanrl":
+        cmd = [os.environ["CLEANRL_PYTHON"], os.environ["CLEANRL_DQN"], "--seed", str(seed), *flags.split()]
+    elif kind == "sbx":
+        sbx = [os.path.join(ROOT, "benchmark/sbx_peer.py"), "sac", "--env-id", "HalfCheetah-v5"]
+        cmd = [os.environ["SBX_PYTHON"], *sbx, "--total-timesteps", "25000", "--seed", str(seed)]
+    else:
+        run_dir = os.path.join(work, "run")
+        cmd = [sys.executable, os.path.join(ROOT, SCRIPTS[kind]), "--seed", str(seed), *flags.split()]
+        cmd += NOEVAL + ["--run-dir", run_dir]
+    start = time.time()
+    out = subprocess.run(
+        cmd, cwd=ROOT if kind not in ("cleanrl", "sbx") else work, env=env, text=True, capture_output=True
+    )
+    wall = time.time() - start
+    tail = [line for line in (out.stdout + out.stderr).splitlines() if line.strip() and "warn" not in line.lower()][-3:]
+    row = dict(part=part, label=label, platform=platform, seed=seed, wall_s=round(wall, 1), rc=out.returncode)
+    row.update(date=time.strftime("%Y-%m-%d"), tail=tail)
+    if kind in SCRIPTS:
+        row["rate"] = median_second_half(run_dir, "perf/updates_per_second" if kind == "bc" else "charts/SPS")
+        final = [line for line in out.stdout.splitlines() if line.startswith("final eval")]
+        row["final"] = float(final[-1].split(":")[1].split()[0]) if final else None
+    elif kind == "cleanrl":
+        row["rate"] = median_second_half(work, "charts/SPS")  # CleanRL's SPS counts from its start
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def bc_stages(platform: str) -> dict:
+    """Seconds per call of K minibatches for each stage of BC's input path: cpprb's sample on the
+    host, the transfer to the device, the jitted update on batches already there."""
+    code = """
+import json, sys, time, importlib.util, jax
+spec = importlib.util.spec_from_file_location("bc", "algos/bc_offline.py")
+bc = importlib.util.module_from_spec(spec); sys.modules["bc"] = bc; spec.loader.exec_module(bc)
+args = bc.Args(dataset=["data/halfcheetah-sac-medium.hdf5"])
+data = bc.load_training_data(args); ds = data.dataset
+stats = bc.obs_stats(ds.observations, args.normalize_obs)
+policy, opt = bc.Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), bc.make_optimizer(args)
+params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
+state = bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32))
+shardings = bc.learner_shardings(args)
+update = bc.make_update(policy, data.mode, opt, stats, shardings)
+replay = bc.PrioritizedDataset(ds.observations, ds.actions, args.per_alpha, args.per_eps)
+def timed(f, n=50):
+    f(); t = time.perf_counter()
+    for _ in range(n): out = f()
+    jax.block_until_ready(out); return (time.perf_counter() - t) / n
+host = lambda: replay.sample(args.batch_size, args.updates_per_call)
+b, _ = host()
+b = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in b.items()}
+put = lambda: jax.device_put(b, shardings.batch)
+on = put()
+def learn():
+    global state
+    state, m, p = update(state, on); return p
+r = dict(sample_s=timed(host), transfer_s=timed(put), update_s=timed(learn), updates_per_call=args.updates_per_call)
+print(json.dumps(r))
+"""
+    env = dict(os.environ, JAX_PLATFORMS="cpu") if platform == "cpu" else dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True, capture_output=True)
+    lines = out.stdout.strip().splitlines()
+    row = dict(part="bc-stages", label="BC input stages", platform=platform, rc=out.returncode)
+    row.update(json.loads(lines[-1]) if out.returncode == 0 and lines else dict(tail=out.stderr[-500:]))
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def write_md(rows: list, path: str, device: str, commit: str) -> None:
+    newest = {}
+    for r in rows:
+        newest[(r["label"], r["platform"], r.get("seed", 1))] = r
+    lines = [
+        f"# Accelerator against its host CPU\n\nDevice: {device}. Commit {commit}. "
+        "`./benchmark/benchmark.sh accelerator PART`; rate: the median charts/SPS (BC: updates/s) over the "
+        "second half of the run; time: the whole process.\n",
+        "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date |",
+        "|---|---|---|---:|---|",
+    ]
+    labels = dict.fromkeys(k[0] for k in newest if k[2] == 1 and not k[0].startswith("BC input"))
+    for label in labels:
+        a, c = newest.get((label, "accelerator", 1)), newest.get((label, "cpu", 1))
+
+        def cell(r):
+            return (
+                "-"
+                if r is None
+                else f"{r.get('rate') or 0:,.0f}, {r['wall_s']:.1f} s" + ("" if r["rc"] == 0 else " (failed)")
+            )
+
+        ratio = f"{a['rate'] / c['rate']:.2f}x" if a and c and a.get("rate") and c.get("rate") else "-"
+        lines.append(f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']} |")
+    stages = {p: newest.get(("BC input stages", p, 1)) for p in ("accelerator", "cpu")}
+    for p, s in stages.items():
+        if s and "sample_s" in s:
+            k = s["updates_per_call"]
+            lines.append(
+                f"\nBC's input path on the {p}, per call of {k} updates: cpprb sample {1e3 * s['sample_s']:.2f} ms, "
+                f"transfer {1e3 * s['transfer_s']:.2f} ms, update {1e3 * s['update_s']:.2f} ms "
+                f"({k / max(s['sample_s'], s['transfer_s'], s['update_s']):,.0f} updates/s at the slowest stage)."
+            )
+    finals = [r for r in rows if r["part"] == "learning" and r.get("final") is not None]
+    if finals:
+        seen = {r["seed"]: r["final"] for r in finals}
+        lines.append(
+            "\nDQN CartPole-v1 defaults on the accelerator, final evaluation by seed: "
+            + ", ".join(f"{s}: {v:.1f}" for s, v in sorted(seen.items()))
+        )
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    part, runs, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    os.makedirs(runs, exist_ok=True)
+    log = os.path.join(runs, "accelerator.jsonl")
+    new = []
+    if part == "learning":
+        for seed in range(1, 6):
+            new.append(run(part, "DQN CartPole-v1 defaults", "dqn", "", "accelerator", seed))
+    for label, kind, flags in PARTS.get(part, []):
+        for platform in os.environ.get("PLATFORMS", "accelerator cpu").split():  # PLATFORMS=accelerator: one side
+            if part == "atari" and platform == "cpu" and "learner" in flags:
+                continue  # on the CPU the learner's device is the CPU
+            new.append(run(part, label, kind, flags, platform))
+    if part == "bc":
+        new += [bc_stages(p) for p in ("accelerator", "cpu")]
+    probe = (
+        "import jax, os; print(f'{jax.devices()[0].device_kind}, host {os.cpu_count()} cores, JAX {jax.__version__}')"
+    )
+    device = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
+    with open(log, "a") as f:
+        for row in new:
+            f.write(json.dumps(dict(row, commit=commit.strip(), device=device)) + "\n")
+    with open(log) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    os.makedirs(out, exist_ok=True)
+    write_md(rows, os.path.join(out, "accelerator.md"), device, commit.strip())
+
+
+if __name__ == "__main__":
+    main()
