@@ -67,6 +67,7 @@ PARTS = {
         for where in ("cpu", "learner")
     ],
 }
+PEERS = {PARTS["cleanrl"][0][0]: PARTS["dqn"][1][0], PARTS["sbx"][0][0]: PARTS["sac"][0][0]}  # peer: ours
 SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
 
 
@@ -168,7 +169,7 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
         "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date |",
         "|---|---|---|---:|---|",
     ]
-    labels = dict.fromkeys(k[0] for k in newest if k[2] == 1 and not k[0].startswith("BC input"))
+    labels = dict.fromkeys(k[0] for k in newest if k[2] == 1 and not k[0].startswith("BC input") and k[0] not in PEERS)
     for label in labels:
         a, c = newest.get((label, "accelerator", 1)), newest.get((label, "cpu", 1))
 
@@ -181,6 +182,14 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
 
         ratio = f"{a['rate'] / c['rate']:.2f}x" if a and c and a.get("rate") and c.get("rate") else "-"
         lines.append(f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']} |")
+    for peer, ours in PEERS.items():
+        for platform in ("accelerator", "cpu"):
+            a, b = newest.get((ours, platform, 1)), newest.get((peer, platform, 1))
+            if a and b and a["rc"] == 0 and b["rc"] == 0:
+                lines.append(
+                    f"\nWhole process on the {platform}: {ours} {a['wall_s']:.1f} s, {peer} {b['wall_s']:.1f} s: "
+                    f"{b['wall_s'] / a['wall_s']:.2f}x."
+                )
     stages = {p: newest.get(("BC input stages", p, 1)) for p in ("accelerator", "cpu")}
     for p, s in stages.items():
         if s and "sample_s" in s:

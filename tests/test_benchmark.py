@@ -44,6 +44,8 @@ def bench(*argv, **kw):
         (["--seeds", "x", "quick"], "--seeds needs a positive whole number, got 'x'"),
         (["--seeds", "-3", "quick"], "--seeds needs a positive whole number"),
         (["--frob", "quick"], "unknown option '--frob'"),
+        (["accelerator"], "accelerator needs one part of: dqn"),
+        (["accelerator", "bogus"], "accelerator needs one part of: dqn"),
     ],
 )
 def test_benchmark_sh_rejects_bad_arguments(argv, message, tmp_path):
@@ -53,6 +55,29 @@ def test_benchmark_sh_rejects_bad_arguments(argv, message, tmp_path):
     assert last.startswith("benchmark.sh: error:") and message in last, result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists(), "nothing may run on bad arguments"
+
+
+def test_accelerator_mode_on_a_cpu_only_machine_says_so_and_runs_nothing(tmp_path):
+    result = bench("--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "accelerator", "dqn")
+    assert result.returncode == 0 and "no accelerator" in result.stdout, result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_accelerator_table_pairs_each_workload_with_its_host_cpu_and_peer(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    import accelerator
+
+    dqn, cleanrl = accelerator.PARTS["dqn"][1][0], accelerator.PARTS["cleanrl"][0][0]
+    rows = [
+        dict(part="dqn", label=dqn, platform="accelerator", wall_s=40.0, rc=0, rate=5000.0, date="d"),
+        dict(part="dqn", label=dqn, platform="accelerator", wall_s=30.0, rc=0, rate=6000.0, date="d"),  # newest
+        dict(part="dqn", label=dqn, platform="cpu", wall_s=20.0, rc=0, rate=4000.0, date="d"),
+        dict(part="cleanrl", label=cleanrl, platform="accelerator", wall_s=120.0, rc=0, rate=900.0, date="d"),
+    ]
+    accelerator.write_md(rows, tmp_path / "a.md", "TPU", "abc")
+    text = (tmp_path / "a.md").read_text()
+    assert f"| {dqn} | 6,000, 30.0 s | 4,000, 20.0 s | 1.50x | d |" in text
+    assert f"{cleanrl} 120.0 s: 4.00x" in text
 
 
 def test_summary_of_an_empty_folder_is_one_clear_error(tmp_path):
