@@ -584,6 +584,7 @@ class Actor:
         self.epsilon = actor_epsilon(index, num_actors, args.actor_epsilon_base, args.actor_epsilon_alpha)
         self.envs = make_env(args.env_id, args.num_envs)
         space, num_actions = self.envs.single_observation_space, int(self.envs.single_action_space.n)
+        self.first = int(self.envs.single_action_space.start)  # Discrete(n, start): index i is action first + i
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         self.act = make_act(network.apply, num_actions)
         self.td = jax.jit(functools.partial(double_q_td, network.apply))
@@ -612,7 +613,7 @@ class Actor:
         parts, rows, episodes = [], 0, []
         while rows < args.chunk_size:
             actions = np.asarray(self.act(online, self.obs, np.float32(self.epsilon), self.key, np.int32(self.steps)))
-            next_obs, reward, terminated, truncated, info = self.envs.step(actions)
+            next_obs, reward, terminated, truncated, info = self.envs.step(actions + self.first)
             done = terminated | truncated
             ends_return = terminated
             if args.terminal_on_life_loss:  # ALE: a lost life ends the return
@@ -753,7 +754,7 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
             actions = np.asarray(act(params, obs, np.float32(epsilon), jax.random.PRNGKey(seed), np.int32(t)))
-            obs, reward, terminated, truncated, _ = envs.step(actions)
+            obs, reward, terminated, truncated, _ = envs.step(actions + int(envs.single_action_space.start))
             returns += reward * running
             running &= ~(terminated | truncated)
             t += 1

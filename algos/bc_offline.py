@@ -635,7 +635,8 @@ def load_training_data(args: Args) -> TrainingData:
             require(
                 integers, f"{path}: {acts.dtype} actions of shape {acts.shape[1:]} do not match the env's discrete ones"
             )
-            require(0 <= acts.min() and acts.max() < space.n, f"{path}: actions outside 0..{space.n - 1}")
+            first, last = int(space.start), int(space.start + space.n - 1)  # as the env takes them
+            require(first <= acts.min() and acts.max() <= last, f"{path}: actions outside the env's {first}..{last}")
         else:
             require(
                 acts.shape[1:] == space.shape,
@@ -647,7 +648,9 @@ def load_training_data(args: Args) -> TrainingData:
     if args.top_fraction < 1.0:
         mask = top_fraction_mask(ds, args.top_fraction)
         ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
-    if not discrete:  # the policy works in [-1, 1]: map the dataset's actions there once
+    if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
+        ds = ds._replace(actions=ds.actions - int(space.start))
+    else:  # the policy works in [-1, 1]: map the dataset's actions there once
         scaled = np.clip(2.0 * (ds.actions - space.low) / (space.high - space.low) - 1.0, -1.0, 1.0)
         ds = ds._replace(actions=scaled.astype(np.float32))
     ref_min = ds.metadata.get("ref_min_score") if args.ref_min_score is None else args.ref_min_score
@@ -712,6 +715,8 @@ def evaluate(act, params, stats: ObsStats, env_fn, episodes: int, seed: int, vid
             action = np.asarray(act(params, obs.reshape(episodes, -1).astype(np.float32), stats.mean, stats.std))
             if isinstance(space, gym.spaces.Box):  # [-1, 1] -> [low, high]
                 action = np.clip(space.low + (action + 1.0) * 0.5 * (space.high - space.low), space.low, space.high)
+            else:  # class i -> Discrete(n, start)'s start + i
+                action = action + int(space.start)
             obs, reward, terminated, truncated, _ = envs.step(action)
             returns += reward * running
             running &= ~(terminated | truncated)

@@ -20,6 +20,7 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   Acting: epsilon-greedy in Q(s, .; theta_act) on the host CPU (Acme's split), theta_act a copy of theta as
   the update call in flight found it: the behaviour policy lags the learner by at most one call of K
   SGD steps, and on an accelerator the envs step while that call runs (a resume starts with no lag).
+  Actions are indexes 0..n-1 in the network and the replay; an env with Discrete(n, start=s) gets s + index.
 
 Run
   python algos/dqn_prioritized.py                                   # CartPole-v1, 100k steps
@@ -758,7 +759,8 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
-            obs, reward, terminated, truncated, _ = envs.step(act(params, obs, epsilon, rng))
+            actions = act(params, obs, epsilon, rng) + int(envs.single_action_space.start)
+            obs, reward, terminated, truncated, _ = envs.step(actions)
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
@@ -1042,6 +1044,7 @@ def train(args: Args, env_fn=None) -> dict:
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
+        first = int(envs.single_action_space.start)  # Discrete(n, start): index i is the env's action first + i
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, sgd_steps)
         state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))
@@ -1109,7 +1112,7 @@ def train(args: Args, env_fn=None) -> dict:
             # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, step)
             actions = act(act_params, obs, epsilon, rng)
-            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            next_obs, reward, terminated, truncated, info = envs.step(actions + first)
             done = terminated | truncated
 
             # STORE: the n-step rows lead to the real final observation; only termination (or a lost
