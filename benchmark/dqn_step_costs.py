@@ -93,7 +93,7 @@ def parts(args, repeats: int, calls: int) -> dict:
     state = dqn.init_train_state(network, optimizer, obs.shape[1:], jax.random.PRNGKey(args.seed))
     act = dqn.make_act(network.apply, num_actions)
     rng = np.random.default_rng(args.seed + 1)
-    params = dqn.local_copy(state.params)
+    params = dqn.actor_copy(state.params, jax.devices("cpu")[0])  # as the loop acts
     costs["act"] = per_call_us(lambda i: act(params, obs, 0.05, rng), calls, repeats)
 
     replay, nstep = dqn.make_replay(args, envs.single_observation_space)
