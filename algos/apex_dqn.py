@@ -742,6 +742,15 @@ def lost_life(info, lives, done):
     return ((now < lives) & ~done if lives is not None else np.zeros_like(done)), now
 
 
+def host_device():
+    """Where the learner evaluates: the host CPU (a round trip to an accelerator every env step costs
+    more than the network), or the default device if JAX was started without the CPU."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return jax.devices()[0]
+
+
 def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
     """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
     every time; an evaluation a signal cuts short returns None."""
@@ -1199,7 +1208,7 @@ def train(args: Args) -> dict:
             copy is taken now (the next update donates the state); the writer thread waits for the
             device and puts it in the store, so the loop does not wait."""
             nonlocal publishing, published_step
-            copy = jax.device_put((state.params, state.target_params), cpu, may_alias=False)
+            copy = jax.tree_util.tree_map(jnp.copy, (state.params, state.target_params))  # on the device: no wait
             publishing = writer.submit(lambda version=sgd_done: [ray.put((version, jax.device_get(copy)))])
             published_step = step
 
@@ -1234,7 +1243,7 @@ def train(args: Args) -> dict:
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
-        publishing, published_step, cpu = None, step, jax.devices("cpu")[0]
+        publishing, published_step, cpu = None, step, host_device()
         publish()
         published = publishing.result()
         for i, actor in enumerate(actors):

@@ -342,6 +342,15 @@ def learner_shardings(args: Args) -> Shardings:
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
+def host_device(learner_devices):
+    """Where the policy evaluates: the host CPU (a round trip to an accelerator every env step costs
+    more than the network), or the learner's first device if JAX was started without the CPU."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return learner_devices[0]
+
+
 def actor_copy(params, device):
     """A copy of the learner's params (device 0's replica) on `device`, to evaluate there."""
     return jax.device_put(
@@ -648,8 +657,8 @@ def load_training_data(args: Args) -> TrainingData:
     if args.top_fraction < 1.0:
         mask = top_fraction_mask(ds, args.top_fraction)
         ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
-    if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
-        ds = ds._replace(actions=ds.actions - int(space.start))
+    if discrete and space.start:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
+        ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start))
     else:  # the policy works in [-1, 1]: map the dataset's actions there once
         scaled = np.clip(2.0 * (ds.actions - space.low) / (space.high - space.low) - 1.0, -1.0, 1.0)
         ds = ds._replace(actions=scaled.astype(np.float32))
@@ -1053,7 +1062,7 @@ def train(args: Args) -> dict:
         def evaluation(prefix: str):
             nonlocal last_eval, missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
-            params = actor_copy(state.params, jax.devices("cpu")[0])  # the policy acts on the host CPU
+            params = actor_copy(state.params, host_device(shardings.replicated.mesh.devices.flat))
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)

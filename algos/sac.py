@@ -588,7 +588,10 @@ def actor_device(learner_devices, choice: str = "cpu"):
     would wait for a round trip to it, which costs more than a small network on the CPU."""
     if choice == "learner" or learner_devices[0].platform == "cpu":
         return learner_devices[0]
-    return jax.devices("cpu")[0]
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
+        return learner_devices[0]
 
 
 def actor_copy(params, device):

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOEVAL = ["--checkpoint-every", "0"]
+NO_CHECKPOINTS = ["--checkpoint-every", "0"]
 CLEANRL_LINE = "--train-frequency 10 --batch-size 128 --buffer-size 10000 --learning-rate 2.5e-4 "
 CLEANRL_LINE += "--target-network-frequency 50 --learning-starts 10000 --exploration-fraction 0.5 --end-e 0.05 "
 CLEANRL_LINE += "--hidden-sizes 120 84 --no-anneal-lr"
@@ -99,7 +99,7 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
     else:
         run_dir = os.path.join(work, "run")
         cmd = [sys.executable, os.path.join(ROOT, SCRIPTS[kind]), "--seed", str(seed), *flags.split()]
-        cmd += NOEVAL + ["--run-dir", run_dir]
+        cmd += NO_CHECKPOINTS + ["--run-dir", run_dir]
     start = time.time()
     out = subprocess.run(
         cmd, cwd=ROOT if kind not in ("cleanrl", "sbx") else work, env=env, text=True, capture_output=True

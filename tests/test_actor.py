@@ -31,6 +31,18 @@ def test_actor_device_rule(script):
     assert script.actor_device(cpus) is cpus[0]  # a CPU learner acts where it learns
 
 
+@pytest.mark.parametrize("script", [dqn, sac])
+def test_without_a_cpu_backend_the_learner_acts(script, monkeypatch):
+    def devices(backend=None):
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend cpu")  # JAX_PLATFORMS=tpu
+        return []
+
+    tpu = [types.SimpleNamespace(platform="tpu", id=0)]
+    monkeypatch.setattr(script.jax, "devices", devices)
+    assert script.actor_device(tpu) is tpu[0]
+
+
 @pytest.mark.parametrize("script", [dqn, sac, bc])
 def test_actor_copy_survives_the_donating_update(script):
     """The update donates its state; a copy on the same device must be a copy, not the same buffers."""
