@@ -657,8 +657,8 @@ def load_training_data(args: Args) -> TrainingData:
     if args.top_fraction < 1.0:
         mask = top_fraction_mask(ds, args.top_fraction)
         ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
-    if discrete and space.start:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
-        ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start))
+    if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
+        ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start)) if space.start else ds
     else:  # the policy works in [-1, 1]: map the dataset's actions there once
         scaled = np.clip(2.0 * (ds.actions - space.low) / (space.high - space.low) - 1.0, -1.0, 1.0)
         ds = ds._replace(actions=scaled.astype(np.float32))
