@@ -518,7 +518,7 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         sgd_steps = state.sgd_steps + 1
         target_params = optax.periodic_update(params, state.target_params, sgd_steps, args.target_network_frequency)
         # Non-finite new parameters report NaN priorities: the priority writer stops the run.
-        td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)
+        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
         return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict, lr):

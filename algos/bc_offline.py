@@ -310,7 +310,7 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings
         (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        priorities = jnp.where(jnp.isfinite(optax.tree.norm(params)), priorities, jnp.nan)  # stops the run
+        priorities = jnp.where(jnp.isfinite(optax.global_norm(params)), priorities, jnp.nan)  # stops the run
         return TrainState(params, opt_state, state.sgd_steps + 1), (loss, priorities)
 
     def update(state: TrainState, batches: dict):

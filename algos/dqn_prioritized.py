@@ -577,7 +577,7 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         steps = state.sgd_steps + 1
         polyak = optax.incremental_update(params, state.target_params, args.tau)
         target = optax.periodic_update(polyak, state.target_params, steps, args.target_network_frequency)
-        td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
+        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
         return TrainState(params, target, opt_state, steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict):

@@ -539,7 +539,7 @@ def make_update(nets: Nets, args: Args, action_dim: int):
             lambda s: (s, (jnp.nan, jnp.nan, jnp.nan)),
             state,
         )
-        finite = jnp.isfinite(optax.tree.norm((state.critic_params, state.actor_params, state.log_alpha)))
+        finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
         td = jnp.where(finite, td, jnp.nan)  # non-finite parameters: NaN priorities stop the run
         return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
 
