@@ -758,12 +758,12 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
     try:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
-        returns, running, t = np.zeros(episodes), np.ones(episodes, bool), 0
+        returns, running, t, first = np.zeros(episodes), np.ones(episodes, bool), 0, int(envs.single_action_space.start)
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
             actions = np.asarray(act(params, obs, np.float32(epsilon), jax.random.PRNGKey(seed), np.int32(t)))
-            obs, reward, terminated, truncated, _ = envs.step(actions + int(envs.single_action_space.start))
+            obs, reward, terminated, truncated, _ = envs.step(actions + first)
             returns += reward * running
             running &= ~(terminated | truncated)
             t += 1

@@ -759,11 +759,11 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
         returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng((seed, 1))
+        first = int(envs.single_action_space.start)
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
-            actions = act(params, obs, epsilon, rng) + int(envs.single_action_space.start)
-            obs, reward, terminated, truncated, _ = envs.step(actions)
+            obs, reward, terminated, truncated, _ = envs.step(act(params, obs, epsilon, rng) + first)
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
@@ -1047,7 +1047,7 @@ def train(args: Args, env_fn=None) -> dict:
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
-        first = int(envs.single_action_space.start)  # Discrete(n, start): index i is the env's action first + i
+        first = int(envs.single_action_space.start)
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, sgd_steps)
         state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))

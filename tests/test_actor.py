@@ -1,12 +1,15 @@
 """The actor apart from the learner (Acme's split): which device acts, the copy it acts with, and which
 params version acts at each env step (the params an update call starts from, while that call runs)."""
 
+import os
+import subprocess
+import sys
 import types
 
 import jax
 import numpy as np
 import pytest
-from helpers import load_script
+from helpers import ROOT, load_script
 
 dqn = load_script("dqn_prioritized")
 sac = load_script("sac")
@@ -102,38 +105,30 @@ def check_schedule(log):
     assert evaluation and all(same(p, updates[-1][2]) for p in evaluation)  # the current params evaluate
 
 
-def test_dqn_acts_with_the_params_the_update_in_flight_started_from(monkeypatch, tmp_path):
-    log = record_acting(monkeypatch, dqn, lambda state: state.params)
-    args = dqn.Args(
-        total_timesteps=400,
-        learning_starts=64,
-        batch_size=16,
-        train_frequency=1,
-        updates_per_call=32,
-        buffer_size=1000,
-        eval_every=10**6,
-        eval_episodes=2,
-        checkpoint_every=0,
-        checkpoint_minutes=0,
-        run_dir=str(tmp_path / "run"),
-    )
-    dqn.train(args)
+@pytest.mark.parametrize("script, params_of", [(dqn, lambda s: s.params), (sac, lambda s: s.actor_params)])
+def test_each_step_acts_with_the_params_the_update_in_flight_started_from(script, params_of, monkeypatch, tmp_path):
+    log = record_acting(monkeypatch, script, params_of)
+    small = dict(total_timesteps=400, learning_starts=64, batch_size=16, updates_per_call=32, buffer_size=1000)
+    quiet = dict(eval_every=10**6, eval_episodes=2, checkpoint_every=0, checkpoint_minutes=0)
+    script.train(script.Args(**small, **quiet, run_dir=str(tmp_path / "run")))
     check_schedule(log)
 
 
-def test_sac_acts_with_the_params_the_update_in_flight_started_from(monkeypatch, tmp_path):
-    log = record_acting(monkeypatch, sac, lambda state: state.actor_params)
-    args = sac.Args(
-        total_timesteps=400,
-        learning_starts=64,
-        batch_size=16,
-        updates_per_call=32,
-        buffer_size=1000,
-        eval_every=10**6,
-        eval_episodes=2,
-        checkpoint_every=0,
-        checkpoint_minutes=0,
-        run_dir=str(tmp_path / "run"),
-    )
-    sac.train(args)
-    check_schedule(log)
+def test_the_copy_of_a_replicated_state_survives_on_two_devices():
+    """With --num-devices 2 the state is one array over both devices; a device_put of the whole of it
+    to device 0 aliases device 0's replica, which the donating update frees."""
+    code = """
+import jax, numpy as np, sys
+sys.path.insert(0, "tests")
+from helpers import ROOT, load_script
+dqn = load_script("dqn_prioritized")
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+state = jax.device_put(jax.numpy.zeros(8), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+copy = dqn.actor_copy(state, jax.devices()[0])
+update = jax.jit(lambda s: s + 1.0, donate_argnums=0)
+state = update(update(state))
+print("COPY", len(jax.devices()), copy.is_deleted() or float(copy.sum()))
+"""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert "COPY 2 0.0" in out.stdout, out.stdout + out.stderr
