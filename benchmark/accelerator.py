@@ -130,10 +130,10 @@ data = bc.load_training_data(args); ds = data.dataset
 stats = bc.obs_stats(ds.observations, args.normalize_obs)
 policy, opt = bc.Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), bc.make_optimizer(args)
 params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
-state = bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32))
 shardings = bc.learner_shardings(args)
+state = jax.device_put(bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32)), shardings.replicated)
 update = bc.make_update(policy, data.mode, opt, stats, shardings)
-replay = bc.PrioritizedDataset(ds.observations, ds.actions, args.per_alpha, args.per_eps)
+replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)  # the default run: uniform
 def timed(f, n=50):
     f(); t = time.perf_counter()
     for _ in range(n): out = f()
@@ -160,13 +160,13 @@ print(json.dumps(r))
 
 def write_md(rows: list, path: str, device: str, commit: str) -> None:
     newest = {}
-    for r in rows:
+    for r in (r for r in rows if not r.get("invalid") and r["part"] != "learning"):
         newest[(r["label"], r["platform"], r.get("seed", 1))] = r
     lines = [
-        f"# Accelerator against its host CPU\n\nDevice: {device}. Commit {commit}. "
+        f"# Accelerator against its host CPU\n\nDevice: {device}. "
         "`./benchmark/benchmark.sh accelerator PART`; rate: the median charts/SPS (BC: updates/s) over the "
         "second half of the run; time: the whole process.\n",
-        "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date |",
+        "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date, commit |",
         "|---|---|---|---:|---|",
     ]
     labels = dict.fromkeys(k[0] for k in newest if k[2] == 1 and not k[0].startswith("BC input") and k[0] not in PEERS)
@@ -181,7 +181,7 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
             )
 
         ratio = f"{a['rate'] / c['rate']:.2f}x" if a and c and a.get("rate") and c.get("rate") else "-"
-        lines.append(f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']} |")
+        lines.append(f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']}, {(a or c).get('commit', '-')} |")
     for peer, ours in PEERS.items():
         for platform in ("accelerator", "cpu"):
             a, b = newest.get((ours, platform, 1)), newest.get((peer, platform, 1))
