@@ -70,13 +70,14 @@ def test_accelerator_table_pairs_each_workload_with_its_host_cpu_and_peer(tmp_pa
     dqn, cleanrl = accelerator.PARTS["dqn"][1][0], accelerator.PARTS["cleanrl"][0][0]
     rows = [
         dict(part="dqn", label=dqn, platform="accelerator", wall_s=40.0, rc=0, rate=5000.0, date="d"),
-        dict(part="dqn", label=dqn, platform="accelerator", wall_s=30.0, rc=0, rate=6000.0, date="d"),  # newest
-        dict(part="dqn", label=dqn, platform="cpu", wall_s=20.0, rc=0, rate=4000.0, date="d"),
+        dict(part="dqn", label=dqn, platform="accelerator", wall_s=30.0, rc=0, rate=6000.0, date="d", commit="c1"),
+        dict(part="dqn", label=dqn, platform="cpu", wall_s=20.0, rc=0, rate=4000.0, date="d", commit="c1"),
+        dict(part="dqn", label=dqn, platform="cpu", wall_s=9.0, rc=0, rate=9000.0, date="d", invalid="why"),
         dict(part="cleanrl", label=cleanrl, platform="accelerator", wall_s=120.0, rc=0, rate=900.0, date="d"),
     ]
     accelerator.write_md(rows, tmp_path / "a.md", "TPU", "abc")
     text = (tmp_path / "a.md").read_text()
-    assert f"| {dqn} | 6,000, 30.0 s | 4,000, 20.0 s | 1.50x | d |" in text
+    assert f"| {dqn} | 6,000, 30.0 s | 4,000, 20.0 s | 1.50x | d, c1 |" in text  # the newest valid rows
     assert f"{cleanrl} 120.0 s: 4.00x" in text
 
 
