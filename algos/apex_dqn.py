@@ -659,6 +659,13 @@ def is_planes(space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
+def flatten_hint(space) -> str:
+    """The gymnasium wrapper that would make `space` a vector, if one can."""
+    if space.is_np_flattenable:
+        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
+    return "write a gymnasium.ObservationWrapper that returns a Box vector"
+
+
 def is_image(space) -> bool:
     """uint8 images, grey (H, W) or RGB (H, W, 3), told by the space, never by the env's name."""
     shape = getattr(space, "shape", None) or ()
@@ -690,7 +697,7 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     probe.close()
     vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
     require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
-    takes = "this script takes vectors, uint8 images or bool planes"
+    takes = f"this script takes vectors, uint8 images or bool planes: {flatten_hint(space)}"
     require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
     wrappers, kwargs = [], {}
     if is_image(space) and ale:
@@ -892,6 +899,18 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
+def require_memory(nbytes: float, what: str) -> None:
+    """Refuse before allocating what this machine's RAM, or its device's memory where the device
+    reports it, cannot hold."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
+
+
+def tree_bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error's message (of its cause, for an error Ray passes on)."""
     return (str(getattr(error, "cause", None) or error).strip().splitlines() or [type(error).__name__])[0]
@@ -1090,7 +1109,10 @@ def open_run_dir(args: Args) -> str:
         or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
     )
     require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
@@ -1155,14 +1177,19 @@ def train(args: Args) -> dict:
         probe.close()
         # Ray first: a bad --ray-address then writes nothing, and the signal handlers set below come
         # after ray.init's own SIGTERM handler, which exits at once.
+        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
+        optimizer = make_optimizer(args)
+        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        row_bytes = 2 * np.prod(space.shape) * np.dtype(space.dtype).itemsize + 16
+        require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
+        shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), init_key)
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
+        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight")
         started_ray = start_ray(args)
         import ray
 
         if started_ray:
             cleanup.callback(ray.shutdown)
-        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
-        optimizer = make_optimizer(args)
-        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         state = init_train_state(network, optimizer, space.shape, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
@@ -1414,6 +1441,11 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        print(f"{SCRIPT}.py: error: out of device memory: {first_line(e)}", file=sys.stderr)
+        return 1
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1

@@ -201,7 +201,7 @@ class PrioritizedDataset:
     prefetch thread samples, the writer thread updates. Rows are never overwritten, so no sampled slot
     goes stale; priority[] mirrors cpprb's, which it cannot hand back, for checkpoints. At alpha = 0
     (no --prioritized) rows are drawn uniformly with numpy: the sum tree's draw costs ~7x more host time
-    (6.6 against 0.5 ms a call of 50 x 256 on a TPU's host), the limit of a run there (docs/offline.md)."""
+    (6.6 against 0.5 ms a call of 50 x 256 on a TPU's host), the limit of a run there (docs/sampling.md)."""
 
     def __init__(self, obs, actions, alpha: float, eps: float, weight_norm: str = "batch", seed: int = 0):
         n, self.weight_norm, self.discrete, self.beta = len(obs), weight_norm, actions.ndim == 1, 0.4
@@ -654,12 +654,13 @@ def load_training_data(args: Args) -> TrainingData:
             first, last = int(space.start), int(space.start + space.n - 1)  # as the env takes them
             require(first <= acts.min() and acts.max() <= last, f"{path}: actions outside the env's {first}..{last}")
         else:
+            low, high = space.low.reshape(-1), space.high.reshape(-1)  # the loaders keep actions [N, dims]
             require(
-                acts.shape[1:] == space.shape,
+                acts.shape[1:] == low.shape,
                 f"{path}: actions of shape {acts.shape[1:]} do not match the env's {space.shape}",
             )
-            slack = 1e-4 * (space.high - space.low)
-            inside = np.all((acts >= space.low - slack) & (acts <= space.high + slack))
+            slack = 1e-4 * (high - low)
+            inside = np.all((acts >= low - slack) & (acts <= high + slack))
             require(inside, f"{path}: actions outside the env's bounds [{space.low}, {space.high}]")
     if args.top_fraction < 1.0:
         mask = top_fraction_mask(ds, args.top_fraction)
@@ -667,12 +668,13 @@ def load_training_data(args: Args) -> TrainingData:
     if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
         ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start)) if space.start else ds
     else:  # the policy works in [-1, 1]: map the dataset's actions there once
-        scaled = np.clip(2.0 * (ds.actions - space.low) / (space.high - space.low) - 1.0, -1.0, 1.0)
+        low, high = space.low.reshape(-1), space.high.reshape(-1)  # a Box of any shape, flat
+        scaled = np.clip(2.0 * (ds.actions - low) / (high - low) - 1.0, -1.0, 1.0)
         ds = ds._replace(actions=scaled.astype(np.float32))
     ref_min = ds.metadata.get("ref_min_score") if args.ref_min_score is None else args.ref_min_score
     ref_max = ds.metadata.get("ref_max_score") if args.ref_max_score is None else args.ref_max_score
     digest = hashlib.sha1(ds.observations.tobytes() + ds.actions.tobytes()).hexdigest()
-    out_dim = int(space.n) if discrete else space.shape[0]
+    out_dim = int(space.n) if discrete else int(np.prod(space.shape))
     return TrainingData(ds, env_id, "discrete" if discrete else args.loss, out_dim, ref_min, ref_max, digest)
 
 
@@ -708,12 +710,22 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
         raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)} (pip install -r requirements.txt)") from None
     except (gym.error.Error, AttributeError, ValueError) as e:
         raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)}") from None
-    space = envs.single_action_space
+    space, obs_space = envs.single_action_space, envs.single_observation_space
     bounded = isinstance(space, gym.spaces.Box) and np.isfinite(space.low).all() and np.isfinite(space.high).all()
     if not (isinstance(space, gym.spaces.Discrete) or bounded):
         envs.close()
         raise ConfigError(f"{env_id} has action space {space}; BC takes Discrete and bounded Box actions")
+    if type(obs_space).__name__ not in MINARI_SPACES["observation_space"]:
+        envs.close()
+        raise ConfigError(f"{env_id} has observations {obs_space}; the policy takes arrays: {flatten_hint(obs_space)}")
     return envs
+
+
+def flatten_hint(space) -> str:
+    """The gymnasium wrapper that would make `space` a vector, if one can."""
+    if space.is_np_flattenable:
+        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
+    return "write a gymnasium.ObservationWrapper that returns a Box vector"
 
 
 def evaluate(act, params, stats: ObsStats, env_fn, episodes: int, seed: int, video=None, stop=None):
@@ -729,7 +741,8 @@ def evaluate(act, params, stats: ObsStats, env_fn, episodes: int, seed: int, vid
             if stop:
                 return None
             action = np.asarray(act(params, obs.reshape(episodes, -1).astype(np.float32), stats.mean, stats.std))
-            if isinstance(space, gym.spaces.Box):  # [-1, 1] -> [low, high]
+            if isinstance(space, gym.spaces.Box):  # [-1, 1] -> [low, high], in the Box's shape
+                action = action.reshape((episodes,) + space.shape)
                 action = np.clip(space.low + (action + 1.0) * 0.5 * (space.high - space.low), space.low, space.high)
             else:  # class i -> Discrete(n, start)'s start + i
                 action = action + int(space.start)
@@ -757,6 +770,14 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
 def require(ok, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def require_memory(nbytes: float, what: str) -> None:
+    """Refuse before allocating what this machine's RAM, or its device's memory where the device
+    reports it, cannot hold."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
 def first_line(error: BaseException) -> str:
@@ -973,7 +994,10 @@ def open_run_dir(args: Args, env_id: str) -> str:
         args.resume or args.run_dir or f"runs/{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
     )
     require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
@@ -1025,7 +1049,13 @@ def train(args: Args) -> dict:
     ds, env_fn = data.dataset, functools.partial(make_env, data.env_id)
     stats = obs_stats(ds.observations, args.normalize_obs)
     policy, optimizer = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), make_optimizer(args)
-    params = policy.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, ds.observations.shape[1])))
+    dummy = jnp.zeros((1, ds.observations.shape[1]))
+    shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(args.seed), dummy)
+    row = ds.observations.shape[1] + (1 if ds.actions.ndim == 1 else ds.actions.shape[1]) + 1
+    batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row * 4
+    nbytes = 5 * sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes)) + batches
+    require_memory(nbytes, "the network, its copies and the batches in flight")
+    params = policy.init(jax.random.PRNGKey(args.seed), dummy)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.per_weight_norm, args.seed)
@@ -1196,6 +1226,11 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        print(f"{SCRIPT}.py: error: out of device memory: {first_line(e)}", file=sys.stderr)
+        return 1
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(
             f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller dataset or --hidden-sizes?)'}", file=sys.stderr

@@ -620,13 +620,15 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """[-1, 1] -> [low, high], affine per dimension; clipped against float rounding."""
+    """[n, prod(shape)] in [-1, 1] -> [n, *shape] in [low, high] (the Box's shape), affine per
+    dimension; clipped against float rounding."""
+    action = action.reshape((len(action),) + low.shape)
     return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
 
 
 def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """[low, high] -> [-1, 1], the inverse of to_env_action."""
-    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0)
+    """[n, *shape] in [low, high] -> [n, prod(shape)] in [-1, 1], the inverse of to_env_action."""
+    return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0).reshape(len(env_action), -1)
 
 
 # ------------------------------------------------------------------------------------- ENVIRONMENTS
@@ -671,16 +673,22 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
 
 
 def check_spaces(envs, env_id: str) -> None:
-    """SAC's spaces: bounded Box actions, vector observations."""
+    """SAC's spaces: bounded Box actions of any shape (the networks see them flat), vector observations."""
     space, obs_space = envs.single_action_space, envs.single_observation_space
     kind = f"{env_id} has a {type(space).__name__} action space"
     box = "SAC needs a Box action space (algos/dqn_prioritized.py takes discrete actions)"
     require(isinstance(space, gym.spaces.Box), f"{kind}; {box}")
-    require(len(space.shape) == 1, f"{env_id} has actions of shape {space.shape}; SAC takes a vector of actions")
     bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
     require(bounded, f"{env_id} has unbounded actions {space}; SAC's tanh policy needs finite bounds")
     vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
-    require(vector, f"{env_id} has observations {obs_space}; this script takes flat vector observations")
+    require(vector, f"{env_id} has observations {obs_space}; the networks take vectors: {flatten_hint(obs_space)}")
+
+
+def flatten_hint(space) -> str:
+    """The gymnasium wrapper that would make `space` a vector, if one can."""
+    if space.is_np_flattenable:
+        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
+    return "write a gymnasium.ObservationWrapper that returns a Box vector"
 
 
 def real_next_obs(next_obs, done, info):
@@ -724,6 +732,14 @@ def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=Non
 def require(ok, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def require_memory(nbytes: float, what: str) -> None:
+    """Refuse before allocating what this machine's RAM, or its device's memory where the device
+    reports it, cannot hold."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
 def first_line(error: BaseException) -> str:
@@ -921,7 +937,10 @@ def open_run_dir(args: Args) -> str:
         or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
     )
     require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
@@ -975,10 +994,19 @@ def train(args: Args, env_fn=None) -> dict:
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         check_spaces(envs, args.env_id)
         require(envs.num_envs == args.num_envs, f"the env factory made {envs.num_envs} envs, not {args.num_envs}")
-        obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        obs_dim, action_dim = envs.single_observation_space.shape[0], int(np.prod(envs.single_action_space.shape))
         low, high = envs.single_action_space.low, envs.single_action_space.high
         nets = make_nets(args, action_dim)
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        row_bytes = (2 * obs_dim + action_dim + 3) * 4
+        require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
+        widths = (*args.hidden_sizes, 2 * action_dim)  # the actor's, then the two critics' Dense layers
+        weights = sum((a + 1) * b for a, b in zip((obs_dim, *widths[:-1]), widths))
+        weights += 2 * sum(
+            (a + 1) * b for a, b in zip((obs_dim + action_dim, *args.hidden_sizes), (*args.hidden_sizes, 1))
+        )
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
+        require_memory(6 * 4 * weights + batches, "the networks, their copies and the batches in flight")
         state = init_train_state(nets, args, obs_dim, action_dim, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
@@ -1182,6 +1210,11 @@ def cli(argv=None) -> int:
     except (ConfigError, RunFailed) as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        print(f"{SCRIPT}.py: error: out of device memory: {first_line(e)}", file=sys.stderr)
+        return 1
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1

@@ -131,7 +131,8 @@ stats = bc.obs_stats(ds.observations, args.normalize_obs)
 policy, opt = bc.Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), bc.make_optimizer(args)
 params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
 shardings = bc.learner_shardings(args)
-state = jax.device_put(bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32)), shardings.replicated)
+state = bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32))
+state = jax.device_put(state, shardings.replicated)  # placed as train() places it
 update = bc.make_update(policy, data.mode, opt, stats, shardings)
 replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)  # the default run: uniform
 def timed(f, n=50):
@@ -181,7 +182,9 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
             )
 
         ratio = f"{a['rate'] / c['rate']:.2f}x" if a and c and a.get("rate") and c.get("rate") else "-"
-        lines.append(f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']}, {(a or c).get('commit', '-')} |")
+        lines.append(
+            f"| {label} | {cell(a)} | {cell(c)} | {ratio} | {(a or c)['date']}, {(a or c).get('commit', '-')} |"
+        )
     for peer, ours in PEERS.items():
         for platform in ("accelerator", "cpu"):
             a, b = newest.get((ours, platform, 1)), newest.get((peer, platform, 1))

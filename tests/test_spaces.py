@@ -1,6 +1,7 @@
 """Spaces as gymnasium declares them: a Discrete(n, start=s) action space gets actions s..s+n-1 from
 every script and tool that acts (the networks and the replay hold the indexes 0..n-1), and BC reads
-a dataset's actions as the env takes them."""
+a dataset's actions as the env takes them; SAC and BC act in a Box of any shape and bounds; an
+observation space the networks cannot take is refused in one line that names the wrapper to use."""
 
 import functools
 
@@ -12,6 +13,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from helpers import load_script, load_tool
 
 dqn = load_script("dqn_prioritized")
+sac = load_script("sac")
 apex = load_script("apex_dqn")
 bc = load_script("bc_offline")
 START = -1
@@ -107,3 +109,115 @@ def test_bc_reads_actions_as_the_env_takes_them_and_acts_inside_the_space(tmp_pa
     write_npz(tmp_path / "zero_based.npz", [0, 1] * 50)  # 1 is not an action of Discrete(2, start=-1)
     with pytest.raises(bc.ConfigError, match=r"actions outside the env's -1\.\.0"):
         bc.load_training_data(bc.Args(dataset=[str(tmp_path / "zero_based.npz")]))
+
+
+class GridReach(gym.Env):
+    """Actions are a Box of shape (2, 3) with bounds that differ per entry; reward -|a - target|.
+    An action outside the space, or of another shape, is an error."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Box(
+        np.array([[-2, 0, 10], [-1, -1, -5]], np.float32), np.array([[2, 1, 20], [0, 1, 5]], np.float32)
+    )
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.uniform(-1, 1, 4).astype(np.float32), {}
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action, np.float32)):
+            raise ValueError(f"action {action!r} outside {self.action_space}")
+        self.t += 1
+        target = (self.action_space.low + self.action_space.high) / 2
+        obs = self.np_random.uniform(-1, 1, 4).astype(np.float32)
+        return obs, -float(np.abs(action - target).sum()), False, self.t >= 20, {}
+
+
+class DictObs(GridReach):
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)})
+
+
+GRID, DICT = "GridReach-v0", "DictObsReach-v0"
+for name, cls in ((GRID, GridReach), (DICT, DictObs)):
+    if name not in gym.registry:
+        gym.register(name, entry_point=cls)
+
+
+def vector_envs(env_id, num_envs, video=None):
+    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    return gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=autoreset)
+
+
+def test_sac_acts_and_evaluates_inside_a_box_of_shape_2_by_3(tmp_path):
+    args = sac.Args(
+        env_id=GRID,
+        total_timesteps=400,
+        learning_starts=200,
+        batch_size=32,
+        hidden_sizes=(16, 16),
+        eval_every=200,
+        eval_episodes=2,
+        checkpoint_every=0,
+        run_dir=str(tmp_path / "run"),
+    )
+    result = sac.train(args)  # an action of another shape or outside the bounds raises inside the env
+    assert result["global_step"] == 400 and np.isfinite(result["eval_mean"])
+    low, high = GridReach.action_space.low, GridReach.action_space.high
+    flat = np.tanh(np.random.default_rng(0).normal(size=(5, 6)))
+    np.testing.assert_allclose(sac.from_env_action(sac.to_env_action(flat, low, high), low, high), flat, atol=1e-5)
+
+
+def test_bc_trains_on_box_actions_of_shape_2_by_3_and_acts_inside_them(tmp_path):
+    rng, n = np.random.default_rng(0), 200
+    low, high = GridReach.action_space.low, GridReach.action_space.high
+    terminals = np.zeros(n, bool)
+    terminals[-1] = True
+    np.savez(
+        tmp_path / "grid.npz",
+        observations=rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+        actions=rng.uniform(low, high, (n, 2, 3)).astype(np.float32),  # as the env takes them
+        rewards=np.zeros(n, np.float32),
+        terminals=terminals,
+        timeouts=np.zeros(n, bool),
+        **{"metadata/env_id": np.array(GRID)},
+    )
+    args = bc.Args(
+        dataset=[str(tmp_path / "grid.npz")],
+        total_updates=100,
+        batch_size=32,
+        eval_every=50,
+        eval_episodes=2,
+        run_dir=str(tmp_path / "run"),
+    )
+    data = bc.load_training_data(args)
+    assert data.out_dim == 6 and data.dataset.actions.shape == (n, 6)
+    result = bc.train(args)  # evaluation acts in the env: outside its space it raises
+    assert np.isfinite(result["eval_mean"])
+
+
+class DictCartPole(ShiftedCartPole):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.observation_space = gym.spaces.Dict({"x": self.inner.observation_space})
+
+
+DICT_CARTPOLE = "DictCartPole-v1"
+if DICT_CARTPOLE not in gym.registry:
+    gym.register(DICT_CARTPOLE, entry_point=DictCartPole)
+
+
+@pytest.mark.parametrize("script", [dqn, apex, sac, bc], ids=["dqn", "apex", "sac", "bc"])
+def test_observations_the_networks_cannot_take_are_refused_in_one_line_naming_the_wrapper(script):
+    env_id = DICT if script in (sac, bc) else DICT_CARTPOLE
+    with pytest.raises(script.ConfigError, match="Dict.*FlattenObservation") as caught:
+        script.make_env(env_id, 1)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_custom_factorys_observations_the_networks_cannot_take_are_refused():
+    factory = functools.partial(vector_envs, DICT_CARTPOLE)
+    with pytest.raises(dqn.ConfigError, match="Dict.*FlattenObservation"):
+        dqn.train(dqn.Args(env_id=DICT_CARTPOLE, total_timesteps=10, checkpoint_every=0), factory)
+    with pytest.raises(sac.ConfigError, match="Dict.*FlattenObservation"):
+        sac.train(sac.Args(env_id=DICT, total_timesteps=10, checkpoint_every=0), functools.partial(vector_envs, DICT))

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         envs.close()
         discrete = isinstance(space, bc.gym.spaces.Discrete)
         fits = bc.np.prod(obs_shape) == len(stats.mean) and (meta["mode"] == "discrete") == discrete
-        fits = fits and meta["out_dim"] == (int(space.n) if discrete else space.shape[0])
+        fits = fits and meta["out_dim"] == (int(space.n) if discrete else int(bc.np.prod(space.shape)))
         model = f"the model maps {len(stats.mean)} features to {meta['out_dim']} actions"
         bc.require(fits, f"{path}: {model}; {meta['env_id']} has observations {obs_shape} and actions {space}")
         seed = bc.args_from_json(meta["args"], path).seed + 10_000 if options.seed is None else options.seed

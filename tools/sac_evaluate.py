@@ -43,7 +43,7 @@ def load_policy(path: str, env_id: Optional[str] = None):
     sac.require(":" not in saved.env_id or env_id == saved.env_id, f"{path}: env id {saved.env_id!r} imports a module")
     env_fn = functools.partial(sac.make_env, env_id or saved.env_id)
     envs = env_fn(1)
-    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    obs_dim, action_dim = envs.single_observation_space.shape[0], int(sac.np.prod(envs.single_action_space.shape))
     envs.close()
     actor = sac.Actor(action_dim, saved.hidden_sizes)
     template = actor.init(sac.jax.random.PRNGKey(0), sac.jnp.zeros((1, obs_dim)))
