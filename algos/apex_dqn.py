@@ -177,9 +177,9 @@ class Args:
     """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
-    run_dir: Optional[str] = None
+    run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     """output folder (default runs/<env_id>__apex_dqn__<seed>__<unix time>); must be new or empty"""
-    resume: Optional[str] = None
+    resume: Optional[Annotated[str, Field(min_length=1)]] = None
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
@@ -899,11 +899,11 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
-def require_memory(nbytes: float, what: str) -> None:
-    """Refuse before allocating what this machine's RAM, or its device's memory where the device
-    reports it, cannot hold."""
+def require_memory(nbytes: int, what: str, device: bool = False) -> None:
+    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
+    device's memory where the device reports it (the networks, the batches) cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
@@ -1180,11 +1180,11 @@ def train(args: Args) -> dict:
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         optimizer = make_optimizer(args)
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-        row_bytes = 2 * np.prod(space.shape) * np.dtype(space.dtype).itemsize + 16
+        row_bytes = 2 * int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize + 64  # + priorities, trees
         require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
         shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), init_key)
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight")
+        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight", True)
         started_ray = start_ray(args)
         import ray
 
@@ -1439,7 +1439,7 @@ def cli(argv=None) -> int:
     try:
         result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        print(f"{SCRIPT}.py: error: {' '.join(str(e).split())}", file=sys.stderr)  # arrays print over lines
         return 2 if isinstance(e, ConfigError) else 1
     except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
         if "RESOURCE_EXHAUSTED" not in str(e):

@@ -146,9 +146,9 @@ class Args:
     """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """SGD steps between tensorboard scalars"""
-    run_dir: Optional[str] = None
+    run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     """output folder (default runs/<env_id>__bc_offline__<seed>__<unix time>); must be new or empty"""
-    resume: Optional[str] = None
+    resume: Optional[Annotated[str, Field(min_length=1)]] = None
     """run folder to continue: its flags, overridden by those typed here (a larger --total-updates
     re-stretches the lr and beta schedules)"""
     capture_video: bool = False
@@ -772,11 +772,11 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
-def require_memory(nbytes: float, what: str) -> None:
-    """Refuse before allocating what this machine's RAM, or its device's memory where the device
-    reports it, cannot hold."""
+def require_memory(nbytes: int, what: str, device: bool = False) -> None:
+    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
+    device's memory where the device reports it (the networks, the batches) cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
@@ -1054,7 +1054,7 @@ def train(args: Args) -> dict:
     row = ds.observations.shape[1] + (1 if ds.actions.ndim == 1 else ds.actions.shape[1]) + 1
     batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row * 4
     nbytes = 5 * sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes)) + batches
-    require_memory(nbytes, "the network, its copies and the batches in flight")
+    require_memory(nbytes, "the network, its copies and the batches in flight", True)
     params = policy.init(jax.random.PRNGKey(args.seed), dummy)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
@@ -1067,6 +1067,7 @@ def train(args: Args) -> dict:
             state, redo = load_checkpoint(run_dir, state, replay, data.digest, args.total_updates)
         state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         step = int(state.sgd_steps)
+        replay.rng = np.random.default_rng((args.seed, step))  # a resume draws on, not the first rows again
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_updates else step - 1) if args.resume else None)
         cleanup.callback(logger.close)
@@ -1224,7 +1225,7 @@ def cli(argv=None) -> int:
     try:
         result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        print(f"{SCRIPT}.py: error: {' '.join(str(e).split())}", file=sys.stderr)  # arrays print over lines
         return 2 if isinstance(e, ConfigError) else 1
     except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
         if "RESOURCE_EXHAUSTED" not in str(e):

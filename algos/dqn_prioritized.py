@@ -174,9 +174,9 @@ class Args:
     """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
-    run_dir: Optional[str] = None
+    run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     """output folder (default runs/<env_id>__dqn_prioritized__<seed>__<unix time>); must be new or empty"""
-    resume: Optional[str] = None
+    resume: Optional[Annotated[str, Field(min_length=1)]] = None
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
@@ -510,7 +510,8 @@ def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedRepla
     """The replay and the n-step assembler feeding it; frame stacks go through a FrameStore."""
     pixels = len(obs_space.shape) == 3 and not is_planes(obs_space)
     shape, dtype = ((FRAME_STACK,), np.int64) if pixels else (obs_space.shape, obs_space.dtype)
-    row_bytes = 2 * np.prod(shape) * np.dtype(dtype).itemsize + (np.prod(obs_space.shape[1:]) if pixels else 0)
+    frame = int(np.prod(obs_space.shape[1:])) * 1.1 if pixels else 0  # the FrameStore keeps 1.1 x the buffer
+    row_bytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize + frame + 64  # + action, reward, priorities, trees
     require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
     frames = FrameStore(args.buffer_size, args.num_envs, obs_space.shape[1:]) if pixels else None
     alpha = args.per_alpha if args.prioritized else 0.0
@@ -789,11 +790,11 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
-def require_memory(nbytes: float, what: str) -> None:
-    """Refuse before allocating what this machine's RAM, or its device's memory where the device
-    reports it, cannot hold."""
+def require_memory(nbytes: int, what: str, device: bool = False) -> None:
+    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
+    device's memory where the device reports it (the networks, the batches) cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
@@ -1069,8 +1070,8 @@ def train(args: Args, env_fn=None) -> dict:
         require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
         num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
         shape = space.shape if isinstance(space, gym.spaces.Box) else None
-        stack = shape and len(shape) == 3 and space.dtype == np.uint8 and not is_image(space)  # frames [C, H, W]
-        takes = "the network takes vectors, bool planes or uint8 frame stacks [C, H, W]"
+        stack = shape and shape[:1] == (FRAME_STACK,) and len(shape) == 3 and space.dtype == np.uint8  # [4, H, W]
+        takes = f"the network takes vectors, bool planes or uint8 stacks of {FRAME_STACK} frames [{FRAME_STACK}, H, W]"
         require(shape and (len(shape) == 1 or is_planes(space) or stack), f"{space}: {takes}; {flatten_hint(space)}")
         first = int(envs.single_action_space.start)
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
@@ -1078,8 +1079,8 @@ def train(args: Args, env_fn=None) -> dict:
         shapes = jax.eval_shape(
             functools.partial(init_train_state, network, optimizer, space.shape), jax.random.PRNGKey(0)
         )
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * np.prod(space.shape) * 4
-        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight")
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(space.shape)) * 4
+        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight", True)
         state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
@@ -1291,7 +1292,7 @@ def cli(argv=None) -> int:
     try:
         result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        print(f"{SCRIPT}.py: error: {' '.join(str(e).split())}", file=sys.stderr)  # arrays print over lines
         return 2 if isinstance(e, ConfigError) else 1
     except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
         if "RESOURCE_EXHAUSTED" not in str(e):

@@ -171,9 +171,9 @@ class Args:
     """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
-    run_dir: Optional[str] = None
+    run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     """output folder (default runs/<env_id>__sac__<seed>__<unix time>); must be new or empty"""
-    resume: Optional[str] = None
+    resume: Optional[Annotated[str, Field(min_length=1)]] = None
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
@@ -734,11 +734,11 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
-def require_memory(nbytes: float, what: str) -> None:
-    """Refuse before allocating what this machine's RAM, or its device's memory where the device
-    reports it, cannot hold."""
+def require_memory(nbytes: int, what: str, device: bool = False) -> None:
+    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
+    device's memory where the device reports it (the networks, the batches) cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
 
 
@@ -998,7 +998,7 @@ def train(args: Args, env_fn=None) -> dict:
         low, high = envs.single_action_space.low, envs.single_action_space.high
         nets = make_nets(args, action_dim)
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-        row_bytes = (2 * obs_dim + action_dim + 3) * 4
+        row_bytes = (2 * obs_dim + action_dim + 3) * 4 + 48  # + priorities, write counts, cpprb's trees
         require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
         widths = (*args.hidden_sizes, 2 * action_dim)  # the actor's, then the two critics' Dense layers
         weights = sum((a + 1) * b for a, b in zip((obs_dim, *widths[:-1]), widths))
@@ -1006,7 +1006,7 @@ def train(args: Args, env_fn=None) -> dict:
             (a + 1) * b for a, b in zip((obs_dim + action_dim, *args.hidden_sizes), (*args.hidden_sizes, 1))
         )
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(6 * 4 * weights + batches, "the networks, their copies and the batches in flight")
+        require_memory(6 * 4 * weights + batches, "the networks, their copies and the batches in flight", True)
         state = init_train_state(nets, args, obs_dim, action_dim, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
@@ -1208,7 +1208,7 @@ def cli(argv=None) -> int:
     try:
         result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
-        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        print(f"{SCRIPT}.py: error: {' '.join(str(e).split())}", file=sys.stderr)  # arrays print over lines
         return 2 if isinstance(e, ConfigError) else 1
     except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
         if "RESOURCE_EXHAUSTED" not in str(e):

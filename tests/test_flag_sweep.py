@@ -2,8 +2,8 @@
 scripts at its extremes (its bounds and one past them, 0, 1, -1, the type's largest, inf and nan,
 sizes no memory holds, paths that are files or cannot be written), one flag at a time on the
 defaults, through the script's own cli() in this process. "Starts" is the first env step (DQN,
-SAC), the first draw of a batch (BC) or the start of Ray (Ape-X, after its checks and its env
-probe): the sweep stops the run there. A refusal is exit 2 with one line and no run folder."""
+SAC), the first draw of a batch (BC) or the creation of the Ray actors (Ape-X, with Ray
+itself not started): the sweep stops the run there. A refusal is exit 2 with one line and no run folder."""
 
 import dataclasses
 import signal
@@ -20,6 +20,10 @@ BIG = str(2**63 - 1)
 
 class Started(Exception):
     """Raised where a run would take its first step."""
+
+
+class Hang(BaseException):
+    """Raised by the alarm: a BaseException, which no handler of the scripts catches."""
 
 
 def bounds(meta, integer: bool) -> typing.Tuple[float, float]:
@@ -102,10 +106,12 @@ def test_every_flag_at_its_extremes_starts_or_is_refused_in_one_line(name, half,
     elif where == "sample":
         monkeypatch.setattr(mod.PrioritizedDataset, "sample", started)
     else:
-        monkeypatch.setattr(mod, "start_ray", started)
+        monkeypatch.setattr(mod, "start_ray", lambda args: False)
+        monkeypatch.setattr(mod, "remote_actor_class", started)
+    monkeypatch.chdir(tmp_path)  # a run folder a case makes by default lands here, not in the repository
 
     def alarm(*_):
-        raise TimeoutError
+        raise Hang
 
     previous = signal.signal(signal.SIGALRM, alarm)
     # The set-up compiles the same small programs case after case: XLA's disk cache keeps them.
@@ -123,7 +129,7 @@ def test_every_flag_at_its_extremes_starts_or_is_refused_in_one_line(name, half,
                 outcome = f"exit {rc}"
             except Started:
                 outcome = "started"
-            except TimeoutError:
+            except Hang:
                 outcome = "hang"
             except SystemExit as e:  # tyro's own refusal of a value its parser cannot read
                 outcome = f"tyro exit {e.code}"

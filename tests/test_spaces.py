@@ -115,6 +115,7 @@ class GridReach(gym.Env):
     """Actions are a Box of shape (2, 3) with bounds that differ per entry; reward -|a - target|.
     An action outside the space, or of another shape, is an error."""
 
+    taken = []  # every action any instance was given
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gym.spaces.Box(
         np.array([[-2, 0, 10], [-1, -1, -5]], np.float32), np.array([[2, 1, 20], [0, 1, 5]], np.float32)
@@ -128,6 +129,7 @@ class GridReach(gym.Env):
     def step(self, action):
         if not self.action_space.contains(np.asarray(action, np.float32)):
             raise ValueError(f"action {action!r} outside {self.action_space}")
+        GridReach.taken.append(np.array(action))
         self.t += 1
         target = (self.action_space.low + self.action_space.high) / 2
         obs = self.np_random.uniform(-1, 1, 4).astype(np.float32)
@@ -221,3 +223,24 @@ def test_a_custom_factorys_observations_the_networks_cannot_take_are_refused():
         dqn.train(dqn.Args(env_id=DICT_CARTPOLE, total_timesteps=10, checkpoint_every=0), factory)
     with pytest.raises(sac.ConfigError, match="Dict.*FlattenObservation"):
         sac.train(sac.Args(env_id=DICT, total_timesteps=10, checkpoint_every=0), functools.partial(vector_envs, DICT))
+
+
+def test_bc_maps_each_entry_of_a_box_action_to_its_own_bounds_and_back(tmp_path):
+    """A dataset whose every action is one (2, 3) matrix: the policy's target is that matrix scaled
+    entry by entry to [-1, 1], flat; acting with exactly that target gives the env the matrix back."""
+    n, low, high = 40, GridReach.action_space.low, GridReach.action_space.high
+    a0 = low + np.array([[0.1, 0.2, 0.3], [0.6, 0.7, 0.9]], np.float32) * (high - low)
+    terminals = np.zeros(n, bool)
+    terminals[-1] = True
+    arrays = dict(observations=np.zeros((n, 4), np.float32), actions=np.repeat(a0[None], n, 0))
+    arrays.update(rewards=np.zeros(n, np.float32), terminals=terminals, timeouts=np.zeros(n, bool))
+    np.savez(tmp_path / "one.npz", **arrays, **{"metadata/env_id": np.array(GRID)})
+    data = bc.load_training_data(bc.Args(dataset=[str(tmp_path / "one.npz")]))
+    target = (2 * (a0 - low) / (high - low) - 1).reshape(-1)
+    np.testing.assert_allclose(data.dataset.actions, np.repeat(target[None], n, 0), atol=1e-6)
+    GridReach.taken.clear()
+    stats = bc.obs_stats(data.dataset.observations, True)
+    act = lambda params, obs, mean, std: np.repeat(target[None], len(obs), 0)  # noqa: E731
+    bc.evaluate(act, None, stats, functools.partial(bc.make_env, GRID), 2, 5)
+    assert len(GridReach.taken) == 40
+    np.testing.assert_allclose(np.stack(GridReach.taken), np.repeat(a0[None], 40, 0), rtol=1e-5)
