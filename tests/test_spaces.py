@@ -40,10 +40,13 @@ if ID not in gym.registry:
     gym.register(ID, entry_point=ShiftedCartPole, max_episode_steps=200)
 
 
-def shifted_envs(num_envs, video=None):
-    return gym.make_vec(
-        ID, num_envs, vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    )
+def vector_envs(env_id, num_envs, video=None):
+    """An env factory as train() takes one: sync vector envs in SAME_STEP autoreset mode."""
+    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    return gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=autoreset)
+
+
+shifted_envs = functools.partial(vector_envs, ID)
 
 
 def test_dqn_acts_and_evaluates_inside_a_discrete_space_that_starts_at_minus_one(tmp_path):
@@ -144,11 +147,6 @@ GRID, DICT = "GridReach-v0", "DictObsReach-v0"
 for name, cls in ((GRID, GridReach), (DICT, DictObs)):
     if name not in gym.registry:
         gym.register(name, entry_point=cls)
-
-
-def vector_envs(env_id, num_envs, video=None):
-    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    return gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=autoreset)
 
 
 def test_sac_acts_and_evaluates_inside_a_box_of_shape_2_by_3(tmp_path):
