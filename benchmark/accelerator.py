@@ -119,8 +119,8 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
 
 
 def bc_stages(platform: str) -> dict:
-    """Seconds per call of K minibatches for each stage of BC's input path: cpprb's sample on the
-    host, the transfer to the device, the jitted update on batches already there."""
+    """Seconds per call of K minibatches for each stage of BC's input path: the sample on the
+    host (numpy's uniform draw), the transfer to the device, the jitted update on batches already there."""
     code = """
 import json, sys, time, importlib.util, jax
 spec = importlib.util.spec_from_file_location("bc", "algos/bc_offline.py")
@@ -198,7 +198,7 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
         if s and "sample_s" in s:
             k = s["updates_per_call"]
             lines.append(
-                f"\nBC's input path on the {p}, per call of {k} updates: cpprb sample {1e3 * s['sample_s']:.2f} ms, "
+                f"\nBC's input path on the {p}, per call of {k} updates: host sample {1e3 * s['sample_s']:.2f} ms, "
                 f"transfer {1e3 * s['transfer_s']:.2f} ms, update {1e3 * s['update_s']:.2f} ms "
                 f"({k / max(s['sample_s'], s['transfer_s'], s['update_s']):,.0f} updates/s at the slowest stage)."
             )
