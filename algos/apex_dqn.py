@@ -114,8 +114,8 @@ class Args:
     """transitions per SGD step"""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
     """discount factor"""
-    n_step: Annotated[int, Field(ge=1, le=1000)] = 3
-    """rewards per return (Ape-X: 3)"""
+    n_step: Annotated[int, Field(ge=1, le=1000)] = 5
+    """rewards per return (Ape-X: 3, --preset atari; 5 on CartPole, as dqn_prioritized.py)"""
     huber_delta: Positive = 1.0
     """Huber loss threshold"""
     clip_reward: Optional[Positive] = None
