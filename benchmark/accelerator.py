@@ -1,52 +1,38 @@
-"""`./benchmark/benchmark.sh accelerator PART`: each workload on the machine's accelerator and on its
-host CPU (JAX_PLATFORMS=cpu), one process at a time, the two runs of a pair one after the other.
-Each run's row goes to RUNS/accelerator.jsonl; OUT/accelerator.md is rebuilt from the newest row of
-every (workload, platform). A PART fits in one 9-minute call of a lent machine.
+"""`./benchmark.sh accelerator PART`: each workload on the machine's accelerator and on its host CPU
+(JAX_PLATFORMS=cpu), one process at a time. Each run's row goes to RUNS/accelerator.jsonl;
+OUT/accelerator.md is rebuilt from the newest row of every (workload, platform). A PART fits in one
+9-minute call of a lent machine; PARTS says what each runs, and:
 
-  dqn      DQN CartPole-v1 defaults 50k; CleanRL's CartPole command line 100k (our flags for it)
-  minatar  DQN --preset minatar on MinAtar/Breakout-v1, 50k
-  sac      SAC HalfCheetah-v5, 25k steps learning from 5k
-  bc       BC halfcheetah-sac-medium, 20k updates, and the time of each stage of its input path
-  cleanrl  CleanRL's own dqn_jax.py, 100k (CLEANRL_PYTHON, CLEANRL_DQN)
-  sbx      sbx's SAC on HalfCheetah-v5 at sac's settings (SBX_PYTHON)
-  atari    DQN --preset atari on ALE/Breakout-v5, 20k steps learning from 5k, actor on CPU or on the learner
+  cleanrl  CleanRL's own dqn_jax.py (CLEANRL_PYTHON, CLEANRL_DQN); sbx: sbx's SAC (SBX_PYTHON)
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
 
-SPS: the median of the run's charts/SPS over the second half of its steps (a run whose only
-evaluation is its final one); for BC perf/updates_per_second. Peers: whole-process time.
+The rows of BC's input-stage timing (part "bc-stages", the code at commit 57fa37d) still render.
+
+Rate: the median charts/SPS (BC: perf/updates_per_second) over the second half of the run's steps.
 """
 
-import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from benchmark_summary import median, scalars
+from speed_vs_peers import CLEANRL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CHECKPOINTS = ["--checkpoint-every", "0"]
-CLEANRL_LINE = "--train-frequency 10 --batch-size 128 --buffer-size 10000 --learning-rate 2.5e-4 "
-CLEANRL_LINE += "--target-network-frequency 50 --learning-starts 10000 --exploration-fraction 0.5 --end-e 0.05 "
-CLEANRL_LINE += "--hidden-sizes 120 84 --no-anneal-lr"
+MINATAR = "--env-id MinAtar/Breakout-v1 --preset minatar --total-timesteps 50000 --eval-every 50000"
 HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
-PARTS = {
+ATARI = "--env-id ALE/Breakout-v5 --preset atari --total-timesteps 20000 --learning-starts 5000 --eval-every 20000 "
+ATARI += "--eval-episodes 1 --buffer-size 100000 --actor-device"
+PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     "dqn": [
         ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
-        (
-            "DQN CleanRL's CartPole line, 100k steps",
-            "dqn",
-            f"--total-timesteps 100000 --eval-every 100000 {CLEANRL_LINE}",
-        ),
+        ("DQN CleanRL's CartPole line, 100k steps", "dqn", f"--total-timesteps 100000 --eval-every 100000 {CLEANRL}"),
     ],
-    "minatar": [
-        (
-            "DQN MinAtar Breakout --preset minatar, 50k",
-            "dqn",
-            "--env-id MinAtar/Breakout-v1 --preset minatar --total-timesteps 50000 --eval-every 50000",
-        )
-    ],
+    "minatar": [("DQN MinAtar Breakout --preset minatar, 50k", "dqn", MINATAR)],
     "sac": [("SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sac", HALFCHEETAH)],
     "bc": [
         (
@@ -58,12 +44,7 @@ PARTS = {
     "cleanrl": [("CleanRL dqn_jax.py (its CartPole line), 100k steps", "cleanrl", "--total-timesteps 100000")],
     "sbx": [("sbx 0.28 SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sbx", "")],
     "atari": [
-        (
-            f"DQN ALE/Breakout-v5 --preset atari, actor on {where}, 20k steps",
-            "dqn",
-            "--env-id ALE/Breakout-v5 --preset atari --total-timesteps 20000 --learning-starts 5000 "
-            f"--eval-every 20000 --eval-episodes 1 --buffer-size 100000 --actor-device {where}",
-        )
+        (f"DQN ALE/Breakout-v5 --preset atari, actor on {where}, 20k steps", "dqn", f"{ATARI} {where}")
         for where in ("cpu", "learner")
     ],
 }
@@ -71,17 +52,10 @@ PEERS = {PARTS["cleanrl"][0][0]: PARTS["dqn"][1][0], PARTS["sbx"][0][0]: PARTS["
 SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
 
 
-def median_second_half(run_dir: str, tag: str):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)):
-        acc = EventAccumulator(path, size_guidance={"scalars": 0})
-        acc.Reload()
-        values += [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
-    last = max((s for s, _ in values), default=0)
-    half = [v for s, v in values if s > last / 2]
-    return statistics.median(half) if half else None
+def median_second_half(folder: str, tag: str):
+    values = scalars(folder, tag)
+    last = max((step for step, _, _ in values), default=0)
+    return median(v for step, _, v in values if step > last / 2)
 
 
 def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int = 1) -> dict:
@@ -118,54 +92,13 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
     return row
 
 
-def bc_stages(platform: str) -> dict:
-    """Seconds per call of K minibatches for each stage of BC's input path: the sample on the
-    host (numpy's uniform draw), the transfer to the device, the jitted update on batches already there."""
-    code = """
-import json, sys, time, importlib.util, jax
-spec = importlib.util.spec_from_file_location("bc", "algos/bc_offline.py")
-bc = importlib.util.module_from_spec(spec); sys.modules["bc"] = bc; spec.loader.exec_module(bc)
-args = bc.Args(dataset=["data/halfcheetah-sac-medium.hdf5"])
-data = bc.load_training_data(args); ds = data.dataset
-stats = bc.obs_stats(ds.observations, args.normalize_obs)
-policy, opt = bc.Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), bc.make_optimizer(args)
-params = policy.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, ds.observations.shape[1])))
-shardings = bc.learner_shardings(args)
-state = bc.TrainState(params, opt.init(params), jax.numpy.zeros((), jax.numpy.int32))
-state = jax.device_put(state, shardings.replicated)  # placed as train() places it
-update = bc.make_update(policy, data.mode, opt, stats, shardings)
-replay = bc.PrioritizedDataset(ds.observations, ds.actions, 0.0, args.per_eps)  # the default run: uniform
-def timed(f, n=50):
-    f(); t = time.perf_counter()
-    for _ in range(n): out = f()
-    jax.block_until_ready(out); return (time.perf_counter() - t) / n
-host = lambda: replay.sample(args.batch_size, args.updates_per_call)
-b, _ = host()
-b = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in b.items()}
-put = lambda: jax.device_put(b, shardings.batch)
-on = put()
-def learn():
-    global state
-    state, m, p = update(state, on); return p
-r = dict(sample_s=timed(host), transfer_s=timed(put), update_s=timed(learn), updates_per_call=args.updates_per_call)
-print(json.dumps(r))
-"""
-    env = dict(os.environ, JAX_PLATFORMS="cpu") if platform == "cpu" else dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True, capture_output=True)
-    lines = out.stdout.strip().splitlines()
-    row = dict(part="bc-stages", label="BC input stages", platform=platform, rc=out.returncode)
-    row.update(json.loads(lines[-1]) if out.returncode == 0 and lines else dict(tail=out.stderr[-500:]))
-    print(json.dumps(row), flush=True)
-    return row
-
-
 def write_md(rows: list, path: str, device: str, commit: str) -> None:
     newest = {}
     for r in (r for r in rows if not r.get("invalid") and r["part"] != "learning"):
         newest[(r["label"], r["platform"], r.get("seed", 1))] = r
     lines = [
         f"# Accelerator against its host CPU\n\nDevice: {device}. "
-        "`./benchmark/benchmark.sh accelerator PART`; rate: the median charts/SPS (BC: updates/s) over the "
+        "`./benchmark.sh accelerator PART`; rate: the median charts/SPS (BC: updates/s) over the "
         "second half of the run; time: the whole process.\n",
         "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date, commit |",
         "|---|---|---|---:|---|",
@@ -227,8 +160,6 @@ def main() -> None:
             if part == "atari" and platform == "cpu" and "learner" in flags:
                 continue  # on the CPU the learner's device is the CPU
             new.append(run(part, label, kind, flags, platform))
-    if part == "bc":
-        new += [bc_stages(p) for p in ("accelerator", "cpu")]
     probe = (
         "import jax, os; print(f'{jax.devices()[0].device_kind}, host {os.cpu_count()} cores, JAX {jax.__version__}')"
     )

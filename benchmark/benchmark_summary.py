@@ -1,32 +1,13 @@
 """Summarise benchmark runs: results/summary.md (tables) and results/*.png (learning curves).
 
-Reads what the runs wrote (eval.csv, args.json, tensorboard events) and re-runs nothing. The
-layout is the one benchmark.sh writes:
-
-    RUNS/<suite>/<config>/<task>/seed<N>/       the script's run dir (--run-dir)
-    RUNS/<suite>/<config>/<task>/seed<N>.log    its stdout and stderr
-    RUNS/<suite>/<config>/<task>/seed<N>.exit   its exit status, written when it ended
-
-<config> is the algorithm and variant (e.g. dqn, dqn-no-per, sac), <task> the env id or the
-dataset name. A run is "crashed" when its exit status is non-zero, "unfinished" when it has no
-exit status and no final model (killed, or still running); such runs are listed, never dropped
-silently, and left out of the statistics.
-
-Per (suite, config, task) the table gives: the final evaluation (the last row of eval.csv: the
-evaluation every script runs when it ends) as mean +- std over seeds with a 95% percentile
-bootstrap CI of that mean (10,000 resamples), and beside it each run's best evaluation as mean
-+- std over seeds; the BC normalised score where there is one; steps
-(env steps, or SGD updates for BC) to the first evaluation at or above the task's threshold;
-env steps/s end to end (last logged step over the wall time of the event file, evaluations
-included) and while learning (median over the log windows that did SGD updates), and the median
-SGD updates/s over those windows.
+Reads ./benchmark.sh's RUNS/<mode>/<config>/<task>/seed<N>{/,.log,.exit} and re-runs nothing; a crashed or
+unfinished run is listed, not counted. Per (mode, config, task): the final evaluation (mean +- std, 95%
+bootstrap CI), the best, BC's normalised score, steps to the task's threshold, env steps/s and updates/s.
 
     python benchmark/benchmark_summary.py [--runs runs/bench] [--out results]
 
-matplotlib is optional (pip install matplotlib): without it the tables are still written.
+matplotlib is optional: without it the tables are still written.
 """
-
-from __future__ import annotations
 
 import argparse
 import csv
@@ -40,23 +21,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+import gymnasium
 import numpy as np
 
-# Return thresholds for "steps to threshold": gymnasium's EnvSpec.reward_threshold where it has
-# one; Pendulum-v1 has none, so it gets the -200 bar the SAC issue set. BC runs are measured on
-# the normalised score instead (90 = 90% of the way from a random to the dataset policy).
-RETURN_THRESHOLDS = {
-    "CartPole-v1": 475.0,
-    "Acrobot-v1": -100.0,
-    "MountainCar-v0": -110.0,
-    "LunarLander-v3": 200.0,
-    "Pendulum-v1": -200.0,
-    "HalfCheetah-v5": 4800.0,
-    "Hopper-v5": 3800.0,
-    "Ant-v5": 6000.0,
-}  # Walker2d-v5 has none
-NORMALIZED_SCORE_THRESHOLD = 90.0
+NORMALIZED_SCORE_THRESHOLD = 90.0  # BC: 90% of the way from a random policy to the data's
 BOOTSTRAP_SAMPLES = 10_000
+APEX_TAGS = ("perf/learner_wait_fraction", "perf/replay_ratio", "apex/param_lag", "apex/actor_restarts")
 
 
 @dataclass
@@ -66,7 +36,7 @@ class Run:
     task: str
     seed: str
     path: str  # the run dir (may not exist if the script failed early)
-    status: str  # "ok", "crashed (exit N)" or "unfinished"
+    status: str  # "ok", "crashed (...)" or "unfinished"
     env_id: Optional[str] = None
     curve: List[Tuple[int, float]] = field(default_factory=list)  # (step, eval mean)
     normalized: List[float] = field(default_factory=list)  # BC: normalised score per eval
@@ -74,8 +44,7 @@ class Run:
     learning_sps: Optional[float] = None
     updates_per_second: Optional[float] = None
     wall_seconds: Optional[float] = None  # the time the run's processes ran (event files)
-    train_last100: Optional[float] = None  # mean return of its last 100 training episodes
-    apex: Dict[str, float] = field(default_factory=dict)  # Ape-X: medians of its perf tags over log windows
+    apex: Dict[str, float] = field(default_factory=dict)  # Ape-X: medians of APEX_TAGS over log windows
 
     @property
     def final(self) -> Optional[float]:
@@ -84,7 +53,12 @@ class Run:
     def threshold(self) -> Tuple[Optional[float], str]:
         if self.normalized:
             return NORMALIZED_SCORE_THRESHOLD, "normalised score"
-        return RETURN_THRESHOLDS.get(self.env_id or ""), "return"
+        if self.env_id == "Pendulum-v1":
+            return -200.0, "return"  # gymnasium's reward_threshold has none: the SAC issue's bar
+        try:
+            return gymnasium.spec(self.env_id or "").reward_threshold, "return"
+        except gymnasium.error.Error:
+            return None, "return"
 
     def steps_to_threshold(self) -> Optional[int]:
         bar, _ = self.threshold()
@@ -92,6 +66,33 @@ class Run:
             return None
         values = self.normalized or [v for _, v in self.curve]
         return next((step for (step, _), v in zip(self.curve, values) if v >= bar), None)
+
+
+def median(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def event_files(folder: str) -> list:
+    """The tensorboard event files under folder, however deep, loaded (a resumed run has one per process)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    loaded = []
+    for path in sorted(glob.glob(os.path.join(folder, "**", "events.out.tfevents.*"), recursive=True)):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        loaded.append(acc)
+    return loaded
+
+
+def tag_events(acc, tag: str) -> List[Tuple[int, float, float]]:
+    """(step, wall time, value) of each event of one tag in one loaded event file."""
+    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def scalars(folder: str, tag: str) -> List[Tuple[int, float, float]]:
+    """(step, wall time, value) of one tag in every event file under folder, in step order."""
+    return sorted(e for acc in event_files(folder) for e in tag_events(acc, tag))
 
 
 def read_eval_csv(path: str) -> Tuple[List[Tuple[int, float]], List[float]]:
@@ -103,95 +104,46 @@ def read_eval_csv(path: str) -> Tuple[List[Tuple[int, float]], List[float]]:
 
 
 def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Optional[float], Optional[float]]:
-    """(env steps/s end to end, median env steps/s over the log windows that did SGD updates,
-    median SGD updates/s over those windows, wall seconds), from the run's tensorboard event files."""
-    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
-    if not files:
-        return None, None, None, None
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    """(env steps/s end to end, median env steps/s over the log windows that did SGD updates, median
+    SGD updates/s over those windows, wall seconds). A resumed run: its steps over the time its
+    processes ran, not counting the gaps between them."""
     last_step, elapsed, learning_sps, ups = None, 0.0, [], []
-    # A resumed run has one event file per process: its steps over the time the processes ran,
-    # not counting the gap between them.
-    for path in files:
-        acc = EventAccumulator(path, size_guidance={"scalars": 0})
-        acc.Reload()
-        tags = acc.Tags()["scalars"]
-        sps = {e.step: e.value for e in acc.Scalars("charts/SPS")} if "charts/SPS" in tags else {}
+    for acc in event_files(run_dir):
+        sps = tag_events(acc, "charts/SPS")
         if sps:
-            last = acc.Scalars("charts/SPS")[-1]
-            last_step, elapsed = last.step, elapsed + last.wall_time - acc.FirstEventTimestamp()
-        for e in acc.Scalars("perf/updates_per_second") if "perf/updates_per_second" in tags else []:
-            if e.value > 0:
-                ups.append(e.value)
-                if e.step in sps:
-                    learning_sps.append(sps[e.step])
-
-    def median(xs):
-        return statistics.median(xs) if xs else None
-
+            last_step, elapsed = sps[-1][0], elapsed + sps[-1][1] - acc.FirstEventTimestamp()
+        at_step = {step: value for step, _, value in sps}
+        for step, _, value in tag_events(acc, "perf/updates_per_second"):
+            if value > 0:
+                ups.append(value)
+                learning_sps.append(at_step.get(step))
     env_sps = last_step / elapsed if last_step is not None and elapsed > 0 else None
     return env_sps, median(learning_sps), median(ups), (elapsed if elapsed > 0 else None)
 
 
-def read_last_training_returns(run_dir: str, last: int = 100) -> Optional[float]:
-    """Mean charts/episodic_return of the run's last `last` training episodes (the MinAtar paper's
-    measure); a resumed run's earlier event files count up to the step the next one starts from."""
-    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    per_file = []
-    for path in files:
-        acc = EventAccumulator(path, size_guidance={"scalars": 0})
-        acc.Reload()
-        if "charts/episodic_return" in acc.Tags()["scalars"]:
-            per_file.append([(e.step, e.value) for e in acc.Scalars("charts/episodic_return")])
-    returns = []
-    for i, events in enumerate(per_file):
-        resumed_at = per_file[i + 1][0][0] if i + 1 < len(per_file) and per_file[i + 1] else None
-        returns += [v for step, v in events if resumed_at is None or step < resumed_at]
-    return float(np.mean(returns[-last:])) if returns else None
-
-
-APEX_TAGS = ("perf/learner_wait_fraction", "perf/replay_ratio", "apex/param_lag", "apex/actor_restarts")
-
-
 def read_medians(run_dir: str, tags) -> Dict[str, float]:
     """The median over log windows of each of `tags` that the run's event files hold."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values: Dict[str, List[float]] = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
-        acc = EventAccumulator(path, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in set(tags) & set(acc.Tags()["scalars"]):
-            values.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    events = event_files(run_dir)
+    values = {tag: [value for acc in events for _, _, value in tag_events(acc, tag)] for tag in tags}
     return {tag: statistics.median(v) for tag, v in values.items() if v}
 
 
-def exit_status(stem: str) -> Optional[int]:
+def load_run(stem: str, root: str) -> Run:
+    """stem = ROOT/<mode>/<config>/<task>/seed<N> (the run dir, without .log/.exit)."""
+    suite, config, task, seed = os.path.relpath(stem, root).split(os.sep)
     try:
         with open(stem + ".exit") as f:
-            return int(f.read().strip())
+            code = int(f.read().strip())
     except (OSError, ValueError):
-        return None
-
-
-def load_run(stem: str, root: str) -> Run:
-    """stem = ROOT/<suite>/<config>/<task>/seed<N> (the run dir, without .log/.exit)."""
-    suite, config, task, seed = os.path.relpath(stem, root).split(os.sep)
-    code = exit_status(stem)
+        code = None
     finished = code == 0 or (code is None and os.path.exists(os.path.join(stem, "model.npz")))
     status = "ok" if finished else ("unfinished" if code is None else f"crashed (exit {code})")
     run = Run(suite, config, task, seed.replace("seed", ""), stem, status)
     eval_csv = os.path.join(stem, "eval.csv")
-    if status == "ok" and not os.path.exists(eval_csv):
-        run.status = "crashed (no eval.csv)"
-    if run.status != "ok":
-        return run
-    run.curve, run.normalized = read_eval_csv(eval_csv)
+    if status == "ok" and os.path.exists(eval_csv):
+        run.curve, run.normalized = read_eval_csv(eval_csv)
     if not run.curve:
-        run.status = "crashed (empty eval.csv)"
+        run.status = "crashed (no evaluation)" if status == "ok" else status
         return run
     try:
         with open(os.path.join(stem, "args.json")) as f:
@@ -200,23 +152,15 @@ def load_run(stem: str, root: str) -> Run:
     except (OSError, ValueError):
         pass
     run.env_sps, run.learning_sps, run.updates_per_second, run.wall_seconds = read_throughput(stem)
-    if suite == "minatar":
-        run.train_last100 = read_last_training_returns(stem)
     if suite == "apex":
         run.apex = read_medians(stem, APEX_TAGS)
     return run
 
 
 def discover(root: str) -> List[Run]:
-    stems = set()
-    for pattern in ("seed*", "seed*.log", "seed*.exit"):
-        for path in glob.glob(os.path.join(root, "*", "*", "*", pattern)):
-            stem = path
-            for suffix in (".log", ".exit"):
-                stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
-            stems.add(stem)
+    stems = {re.sub(r"\.(log|exit)$", "", path) for path in glob.glob(os.path.join(root, "*", "*", "*", "seed*"))}
 
-    def order(stem):  # by suite, config, task, then seed as a number (seed2 before seed10)
+    def order(stem):  # by mode, config, task, then seed as a number (seed2 before seed10)
         *names, seed = os.path.relpath(stem, root).split(os.sep)
         return names, int(re.sub(r"\D", "", seed) or 0)
 
@@ -230,96 +174,59 @@ def bootstrap_ci(values: List[float], rng: np.random.Generator) -> Tuple[float, 
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def summarise_group(runs: List[Run]) -> Dict[str, object]:
-    ok = [r for r in runs if r.status == "ok"]
-    finals = [r.final for r in ok]
-    out: Dict[str, object] = {
-        "seeds": len(runs),
-        "ok": len(ok),
-        "failed": [(r.seed, r.status) for r in runs if r.status != "ok"],
-    }
-    if not ok:
-        return out
-    out["final_mean"] = float(np.mean(finals))
-    out["final_std"] = float(np.std(finals))
-    out["final_ci"] = bootstrap_ci(finals, np.random.default_rng(0))  # same runs, same interval
-    best = [max(v for _, v in r.curve) for r in ok]  # the best evaluation of each run, beside its last
-    out["best_mean"], out["best_std"] = float(np.mean(best)), float(np.std(best))
-    if all(r.normalized for r in ok):
-        out["normalized_mean"] = float(np.mean([r.normalized[-1] for r in ok]))
-    bar, kind = ok[0].threshold()
-    if bar is not None:
-        hits = [r.steps_to_threshold() for r in ok]
-        reached = [h for h in hits if h is not None]
-        out["threshold"] = (bar, kind)
-        out["reached"] = len(reached)
-        out["steps_to_threshold"] = statistics.median(reached) if reached else None
-    for name in ("env_sps", "learning_sps", "updates_per_second"):
-        values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
-        out[name] = statistics.median(values) if values else None
-    return out
-
-
 def fmt(x: Optional[float], digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-# The MinAtar paper's DQN at 5M frames (Young & Tian 2019, arXiv:1903.03176), read off
-# its learning curves: approximate, about +-0.5 (+-2 for Space Invaders). Its Seaquest predates
-# MinAtar 1.0.11's oxygen fix.
-MINATAR_PAPER_DQN = {
-    "Breakout": "~9-10",
-    "SpaceInvaders": "~45",
-    "Freeway": "~50",
-    "Asterix": "~12-17",
-    "Seaquest": "~16-20",
-}
+def mean_std(values: List[float]) -> str:
+    return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
 
 
-def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
-    """MinAtar reported as its paper does (training episodes at epsilon 0.1, the mean of the last
-    100 of each run), beside the greedy evaluation, the paper's DQN, and the cost of a run."""
+def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     lines = [
-        "| config | game | training return, last 100 episodes (mean ± std over seeds) | greedy eval "
-        "(mean ± std) | the paper's DQN | env steps/s | wall per run (median) | runs ok |",
-        "|---|---|---|---|---|---|---|---|",
+        "| config | task | final eval (mean ± std) | 95% CI | best eval (mean ± std) | norm. score | steps to "
+        "threshold (median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (config, task), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    notes = []
+    # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
+    for (config, task), runs in sorted(groups.items(), key=lambda kv: (kv[0][0].split("-")[0], kv[0][1], kv[0][0])):
         ok = [r for r in runs if r.status == "ok"]
-        train = [r.train_last100 for r in ok if r.train_last100 is not None]
-        final = [r.final for r in ok]
-        walls = [r.wall_seconds for r in ok if r.wall_seconds is not None]
-        sps = [r.env_sps for r in ok if r.env_sps is not None]
-        row = [
-            f"{np.mean(train):.1f} ± {np.std(train):.1f}" if train else "-",
-            f"{np.mean(final):.1f} ± {np.std(final):.1f}" if final else "-",
-            MINATAR_PAPER_DQN.get(task, "-"),
-            fmt(statistics.median(sps), 0) if sps else "-",
-            f"{statistics.median(walls) / 3600:.1f} h" if walls else "-",
-        ]
+        row = ["no finished run", "-", "-", "-", "-", "-", "-"]
+        if ok:
+            finals = [r.final for r in ok]
+            low, high = bootstrap_ci(finals, np.random.default_rng(0))  # the same runs, the same interval
+            bar, kind = ok[0].threshold()
+            reached = [s for s in (r.steps_to_threshold() for r in ok) if s is not None]
+            steps = fmt(median(reached), 0) if reached else "not reached"
+            threshold = "-" if bar is None else f"{steps} ({len(reached)}/{len(ok)} reach {kind} {bar:g})"
+            env_sps = median(r.env_sps for r in ok)
+            sps = "-" if env_sps is None else f"{fmt(env_sps, 0)} / {fmt(median(r.learning_sps for r in ok), 0)}"
+            score = np.mean([r.normalized[-1] for r in ok]) if all(r.normalized for r in ok) else None
+            best = mean_std([max(v for _, v in r.curve) for r in ok])  # each run's best evaluation
+            ups = fmt(median(r.updates_per_second for r in ok), 0)
+            row = [mean_std(finals), f"[{low:.1f}, {high:.1f}]", best, fmt(score), threshold, sps, ups]
         lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {len(ok)}/{len(runs)} |")
-    return lines
+        for r in runs:
+            if r.status != "ok":
+                where = os.path.join(suite, config, task, "seed" + r.seed)
+                notes.append(f"- {config} / {task} / seed {r.seed}: **{r.status}**, see `{where}.log`")
+    return lines + ([""] + notes if notes else [])
 
 
 def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
-    """Ape-X against the number of actors, beside dqn_prioritized.py on the same task: medians over
-    seeds of each run's whole-run env steps/s and of its log windows' updates/s, learner wait
-    fraction (time waiting for a batch over learning time), replay ratio and parameter lag."""
+    """Ape-X against the number of actors, beside dqn_prioritized.py: medians over seeds of each run's
+    whole-run env steps/s and of its log windows' updates/s, learner wait fraction (time waiting for a
+    batch over learning time), replay ratio and parameter lag."""
     lines = [
         "| config | task | final eval (mean ± std) | env steps/s | updates/s | learner wait fraction "
         "| replay ratio (samples per env step) | parameter lag (SGD steps) | wall per run | runs ok |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def median(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
     for (config, task), runs in sorted(groups.items()):
         ok = [r for r in runs if r.status == "ok"]
-        final = [r.final for r in ok]
         row = [
-            f"{np.mean(final):.1f} ± {np.std(final):.1f}" if final else "-",
+            mean_std([r.final for r in ok]) if ok else "-",
             fmt(median(r.env_sps for r in ok), 0),
             fmt(median(r.updates_per_second for r in ok), 0),
             fmt(median(r.apex.get("perf/learner_wait_fraction") for r in ok), 3),
@@ -331,40 +238,6 @@ def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     return lines
 
 
-def table(suite: str, groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
-    lines = [
-        "| config | task | final eval (mean ± std) | 95% CI | best eval (mean ± std) | norm. score | steps to "
-        "threshold (median, reached) | env steps/s (end to end / learning) | updates/s | runs ok |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    notes = []
-    # Algorithm first, then task, then variant: an ablation's variants sit next to each other.
-    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0].split("-")[0], kv[0][1], kv[0][0]))
-    for (config, task), runs in ordered:
-        s = summarise_group(runs)
-        if s["ok"]:
-            final = f"{s['final_mean']:.1f} ± {s['final_std']:.1f}"
-            ci = f"[{s['final_ci'][0]:.1f}, {s['final_ci'][1]:.1f}]"
-            if "threshold" in s:
-                bar, kind = s["threshold"]
-                steps = fmt(s["steps_to_threshold"], 0) if s["reached"] else "not reached"
-                thr = f"{steps} ({s['reached']}/{s['ok']} reach {kind} {bar:g})"
-            else:
-                thr = "-"
-            sps = "-" if s["env_sps"] is None else f"{fmt(s['env_sps'], 0)} / {fmt(s['learning_sps'], 0)}"
-            best = f"{s['best_mean']:.1f} ± {s['best_std']:.1f}"
-            row = [final, ci, best, fmt(s.get("normalized_mean")), thr, sps, fmt(s["updates_per_second"], 0)]
-        else:
-            row = ["no finished run", "-", "-", "-", "-", "-", "-"]
-        lines.append(f"| {config} | {task} | " + " | ".join(row) + f" | {s['ok']}/{s['seeds']} |")
-        for seed, status in s["failed"]:
-            notes.append(
-                f"- {config} / {task} / seed {seed}: **{status}**, see "
-                f"`{os.path.join(suite, config, task, 'seed' + seed)}.log`"
-            )
-    return lines + ([""] + notes if notes else [])
-
-
 def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> Optional[str]:
     """Mean eval curve per config over the seeds that finished, band = +- one std over seeds."""
     try:
@@ -374,31 +247,19 @@ def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> O
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    finished = {config: ok for config, runs in groups.items() if (ok := [r for r in runs if r.status == "ok"])}
+    if not finished:
+        return None
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    drawn = False
-    for config, runs in groups.items():
-        ok = [r for r in runs if r.status == "ok"]
-        if not ok:
-            continue
-        curves = [dict(r.curve) for r in ok]
-        steps = sorted(set.intersection(*map(set, curves)))  # evaluated by every seed
-        values = np.array([[curve[s] for s in steps] for curve in curves])
+    for config, ok in finished.items():
+        # The i-th evaluations of the seeds together, at the mean of their steps (Ape-X's differ).
         shortest = min(len(r.curve) for r in ok)
-        if len(steps) < shortest:
-            # Evaluations at steps that differ between seeds (Ape-X counts env steps by whole
-            # chunks): the i-th evaluations of the seeds together, at the mean of their steps.
-            steps = [float(np.mean([r.curve[i][0] for r in ok])) for i in range(shortest)]
-            values = np.array([[v for _, v in r.curve[:shortest]] for r in ok])
-        if not steps:
-            continue
+        steps = np.mean([[step for step, _ in r.curve[:shortest]] for r in ok], axis=0)
+        values = np.array([[v for _, v in r.curve[:shortest]] for r in ok])
         mean, std = values.mean(axis=0), values.std(axis=0)
         ax.plot(steps, mean, label=f"{config} ({len(ok)} seeds)")
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
-        drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    is_bc = all(r.normalized for runs in groups.values() for r in runs if r.status == "ok")
+    is_bc = all(r.normalized for ok in finished.values() for r in ok)
     ax.set_xlabel("SGD updates" if is_bc else "env steps")
     ax.set_ylabel("eval return")
     ax.set_title(f"{suite}: {task}")
@@ -421,88 +282,23 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores visible, Python {platform.python_version()}"
 
 
-def describe_bc_pipeline(p: dict) -> List[str]:
-    return [
-        f"BC pipeline efficiency ({p['dataset']}, {p['updates_per_call']} x {p['batch_size']} per "
-        f"call): {p['efficiency']:.3f} (median over {len(p['ratios'])} repeats); "
-        f"{p['updates_per_second_pipeline']:,.0f} updates/s through cpprb + prefetch vs "
-        f"{p['updates_per_second_resident']:,.0f} on device-resident batches.",
-        "",
-    ]
-
-
 def describe_replay_memory(rows: List[dict]) -> List[str]:
-    return (
-        ["| replay layout | capacity | RSS | RSS per transition | arrays per transition |", "|---|---:|---:|---:|---:|"]
-        + [
-            f"| {m['layout']}{' (%d channels)' % m['channels'] if 'channels' in m else ''} | {m['capacity']:,} | "
-            f"{m['rss_bytes'] / 2**30:.2f} GiB | "
+    lines = [
+        "| replay layout | capacity | RSS | RSS per transition | arrays per transition |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in rows:
+        lines.append(
+            f"| {m['layout']} | {m['capacity']:,} | {m['rss_bytes'] / 2**30:.2f} GiB | "
             f"{m['rss_bytes_per_transition']:,.0f} B | {m['array_bytes_per_transition']:,.0f} B |"
-            for m in rows
-        ]
-        + [""]
-    )
-
-
-def describe_prefetch(p: dict) -> List[str]:
-    return [
-        f"DQN on pixels, prefetch on vs off ({p['device']}, {p['updates_per_call']} x "
-        f"{p['batch_size']} per call): {p['updates_per_second_prefetch_on']:,.1f} vs "
-        f"{p['updates_per_second_prefetch_off']:,.1f} updates/s (ratio {p['ratio_on_over_off']:.2f}, "
-        f"median over {len(p['on'])} repeats); sampling + device_put "
-        f"{p['sample_and_put_ms_per_call']:,.0f} ms per call.",
-        "",
-    ]
-
-
-def describe_replay_placement(p: dict) -> List[str]:
-    lines = [
-        f"Where Ape-X's replay lives ({p['date']}, Ray {p['ray']}; median per call):",
-        "",
-        "| rows | sample K x B: in the learner | a Ray actor | add a 50-row chunk: in the learner | a Ray actor |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in p["results"]:
-        lines.append(
-            f"| {r['case']} | {r['sample_in_learner_us'] / 1000:.2f} ms ({r['K']} x {r['B']}) | "
-            f"{r['sample_ray_actor_us'] / 1000:.2f} ms | {r['add_in_learner_us'] / 1000:.2f} ms | "
-            f"{r['add_ray_actor_us'] / 1000:.2f} ms |"
         )
     return lines + [""]
-
-
-def describe_costs(p: dict) -> List[str]:
-    lines = [
-        f"One Ape-X actor and one learner update alone ({p['date']}, {p['device']}), and the actors a "
-        "learner keeps up with at a replay ratio R (a projection):",
-        "",
-        "| task | one actor, env steps/s | learner updates/s (batch) | R | actors |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in p["results"]:
-        lines.append(
-            f"| {r['env_id']} | {r['actor_env_steps_per_s']:,.0f} | {r['learner_updates_per_s']:,.1f} "
-            f"({r['batch_size']}) | {r['replay_ratio']} | {r['actors_the_learner_keeps_up_with']:.2f} |"
-        )
-    return lines + [""]
-
-
-# Files that benchmark.sh writes into a suite's folder besides the runs (speed; atari; apex).
-SIDE_FILES = {
-    "replay-placement.json": describe_replay_placement,
-    "costs.json": describe_costs,
-    "bc-pipeline.json": describe_bc_pipeline,
-    "replay-memory.jsonl": describe_replay_memory,
-    "prefetch.json": describe_prefetch,
-}
 
 
 def write_summary(root: str, out_dir: str) -> str:
     runs = discover(root)
     if not runs:
-        raise SystemExit(
-            f"benchmark/benchmark_summary.py: error: no runs under {root} (expected <suite>/<config>/<task>/seed<N>)"
-        )
+        fail(f"no runs under {root} (expected <mode>/<config>/<task>/seed<N>)")
     os.makedirs(out_dir, exist_ok=True)
     lines = [
         "# Benchmark summary",
@@ -517,16 +313,13 @@ def write_summary(root: str, out_dir: str) -> str:
         groups: Dict[Tuple[str, str], List[Run]] = {}
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
-        tables = {"minatar": minatar_table, "apex": apex_table}
-        lines += [f"## {suite}", ""] + (tables[suite](groups) if suite in tables else table(suite, groups)) + [""]
-        for name, describe in SIDE_FILES.items():  # measurements benchmark.sh writes beside the runs
-            path = os.path.join(root, suite, name)
-            if os.path.exists(path):
-                with open(path) as f:
-                    lines += describe([json.loads(line) for line in f] if name.endswith(".jsonl") else json.load(f))
+        lines += [f"## {suite}", ""] + (apex_table(groups) if suite == "apex" else table(suite, groups)) + [""]
+        memory = os.path.join(root, suite, "replay-memory.jsonl")  # `./benchmark.sh atari` writes it
+        if os.path.exists(memory):
+            with open(memory) as f:
+                lines += describe_replay_memory([json.loads(line) for line in f])
         for task in dict.fromkeys(r.task for r in in_suite):
-            by_config = {c: rs for (c, t), rs in groups.items() if t == task}
-            name = plot(suite, task, by_config, out_dir)
+            name = plot(suite, task, {c: rs for (c, t), rs in groups.items() if t == task}, out_dir)
             if name:
                 lines += [f"![{suite} {task}]({name})", ""]
     path = os.path.join(out_dir, "summary.md")
@@ -535,15 +328,20 @@ def write_summary(root: str, out_dir: str) -> str:
     return path
 
 
+def fail(message: str) -> None:
+    print(f"benchmark_summary.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="runs/bench", help="root of the benchmark runs")
     parser.add_argument("--out", default="results", help="where summary.md and the plots go")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.runs):
-        raise SystemExit(f"benchmark/benchmark_summary.py: error: {args.runs} is not a directory")
+        fail(f"{args.runs} is not a directory")
     print(write_summary(args.runs, args.out))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

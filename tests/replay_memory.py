@@ -10,8 +10,7 @@ Fills a replay of `capacity` transitions (frame stacks of 4, one env, 1-step row
 process really holds) and from the arrays' sizes. 'compressed' is the script's FrameStore layout
 (rows of frame numbers, each frame kept once); 'naive' stores obs and next_obs as pixel stacks;
 'planes' stores MinAtar's 10x10xC bool observations as they are.
-Used by tests/test_dqn_atari.py and by ./benchmark/benchmark.sh atari (which also takes filled_replay()
-for its prefetch on/off measurement).
+Used by tests/test_dqn_atari.py and by ./benchmark.sh atari.
 """
 
 import argparse

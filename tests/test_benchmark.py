@@ -1,4 +1,5 @@
-"""benchmark.sh argument checks and benchmark/benchmark_summary.py on tiny runs made here."""
+"""./benchmark.sh argument checks, and benchmark/'s helpers (the summary, the accelerator table, the peers'
+event files) on tiny runs made here."""
 
 import csv
 import glob
@@ -13,9 +14,7 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-pytestmark = pytest.mark.xdist_group("ray")  # one worker runs this file, its Ray tests in a row
-
-BENCH = os.path.join(ROOT, "benchmark", "benchmark.sh")
+BENCH = os.path.join(ROOT, "benchmark.sh")
 
 
 def load_summary():
@@ -30,7 +29,7 @@ def load_summary():
 
 def bench(*argv, **kw):
     env = {**os.environ, "PYTHON": sys.executable}
-    return subprocess.run(["bash", BENCH, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
+    return subprocess.run([BENCH, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +163,7 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
         == 0
     )
 
-    # Side files of `benchmark.sh atari`: a real (small) replay-memory measurement, a prefetch record.
+    # The side file of `./benchmark.sh atari`: a real (small) replay-memory measurement.
     memory = subprocess.run(
         [
             sys.executable,
@@ -181,18 +180,6 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     assert memory.returncode == 0, memory.stderr
     (runs / "tiny" / "replay-memory.jsonl").write_text(memory.stdout)
     measured = json.loads(memory.stdout)
-    prefetch = {
-        "device": "cpu:0",
-        "updates_per_call": 32,
-        "batch_size": 32,
-        "sample_and_put_ms_per_call": 45.0,
-        "updates_per_second_prefetch_on": 15.84,
-        "updates_per_second_prefetch_off": 17.2,
-        "ratio_on_over_off": 0.92,
-        "on": [15.84, 15.6],
-        "off": [17.2, 17.1],
-    }
-    (runs / "tiny" / "prefetch.json").write_text(json.dumps(prefetch))
 
     result = bench("summary", "--runs", str(runs), "--out", str(out))
     assert result.returncode == 0, result.stderr
@@ -201,7 +188,6 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
         f"| compressed | 2,000 | {measured['rss_bytes'] / 2**30:.2f} GiB | "
         f"{measured['rss_bytes_per_transition']:,.0f} B |" in text
     )
-    assert "15.8 vs 17.2 updates/s (ratio 0.92, median over 2 repeats)" in text
 
     # DQN row: final eval = last eval.csv row of each finished seed; mean and std over seeds.
     finals = [float(eval_rows(s)[-1]["mean"]) for s in stems[:2]]
@@ -239,116 +225,6 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     except ImportError:
         return
     assert (out / "tiny_CartPole-v1.png").stat().st_size > 0 and "(tiny_CartPole-v1.png)" in text
-
-
-@pytest.mark.ray
-def test_apex_side_measurements_run_and_the_summary_describes_them(tmp_path):
-    """The two tools behind `./benchmark/benchmark.sh apex`, on their small cases, and the summary's reading
-    of the files they write (in the apex suite's folder, beside a run)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    suite = tmp_path / "apex"
-    suite.mkdir()
-    tools = os.path.join(ROOT, "benchmark")
-    for argv in (
-        [
-            "apex_replay_placement.py",
-            "--cases",
-            "cartpole",
-            "--repeats",
-            "5",
-            "--out",
-            str(suite / "replay-placement.json"),
-        ],
-        ["apex_costs.py", "--envs", "CartPole-v1", "--seconds", "0.5", "--out", str(suite / "costs.json")],
-    ):
-        out = subprocess.run(
-            [sys.executable, os.path.join(tools, argv[0]), *argv[1:]],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-    placement = json.load(open(suite / "replay-placement.json"))["results"][0]
-    assert placement["case"] == "cartpole" and placement["rows"] == 50_000
-    assert 0 < placement["sample_in_learner_us"] and 0 < placement["sample_ray_actor_us"]
-    cost = json.load(open(suite / "costs.json"))["results"][0]
-    expected = (
-        cost["learner_updates_per_s"] * cost["batch_size"] / (cost["replay_ratio"] * cost["actor_env_steps_per_s"])
-    )
-    assert cost["actors_the_learner_keeps_up_with"] == pytest.approx(expected)
-    summary = load_summary()
-    lines = summary.describe_replay_placement(json.load(open(suite / "replay-placement.json")))
-    assert any(
-        line.startswith("| cartpole |") and f"{placement['sample_in_learner_us'] / 1000:.2f} ms" in line
-        for line in lines
-    )
-    lines = summary.describe_costs(json.load(open(suite / "costs.json")))
-    assert any(line.startswith("| CartPole-v1 |") and f"{expected:.2f} |" in line for line in lines)
-
-
-def test_sac_flops_counts_what_the_networks_compute(tmp_path):
-    """benchmark/sac_flops.py: XLA's FLOP count of the two gradients against the matmuls of the
-    networks counted by hand (per sample, C and A the multiply-adds of one critic and of the actor
-    forward: critic gradient = target twins on s' + actor on s' + online twins forward and backward
-    = 8C + A; actor gradient = actor forward and backward + twins forward and back to the action =
-    3A + 4C), and the report's arithmetic."""
-    out_path = tmp_path / "sac_flops.json"
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmark", "sac_flops.py"), "--repeats", "2", "--out", str(out_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.load(open(out_path))
-    B, (h1, h2) = r["batch_size"], r["hidden_sizes"]
-    obs, act = 3, 1  # Pendulum-v1
-    C = (obs + act) * h1 + h1 * h2 + h2
-    A = obs * h1 + h1 * h2 + h2 * 2 * act
-    assert r["critic_grad_mflops"] == pytest.approx(2 * B * (8 * C + A) / 1e6, rel=0.05)
-    assert r["actor_grad_mflops"] == pytest.approx(2 * B * (3 * A + 4 * C) / 1e6, rel=0.05)
-    flops = (r["critic_grad_mflops"] + r["actor_grad_mflops"]) * 1e6
-    assert r["achieved_gflops"] == pytest.approx(flops / (r["sgd_step_us"] * 1e-6) / 1e9)
-    assert r["fraction_of_ceiling"] == pytest.approx(r["achieved_gflops"] / r["matmul_ceiling"]["gflops"])
-
-
-def test_dqn_step_costs_puts_each_part_per_env_step(tmp_path):
-    """benchmark/dqn_step_costs.py: an update call serves K * train_frequency env steps, the parts
-    it times add up with the rest of the loop to the loop's own time per env step, the worker
-    threads' calls are reported beside them, and the loop is the speed comparison's DQN run
-    (benchmark/speed_vs_peers.py's flags)."""
-    out_path = tmp_path / "costs.json"
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmark", "dqn_step_costs.py"), "--repeats", "1", "--calls", "300"]
-        + ["--loop-steps", "12000", "--out", str(out_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.load(open(out_path))
-    flags = r["flags"]
-    K = int(flags[flags.index("--updates-per-call") + 1]) if "--updates-per-call" in flags else 32
-    train_frequency = int(flags[flags.index("--train-frequency") + 1])
-    assert (K, train_frequency) == (32, 10)
-    parts = r["per_env_step_us"]
-    assert set(parts) == {"env step", "env step, bare", "act", "store", "update"}
-    assert all(us > 0 for us in parts.values())
-    assert parts["update"] == pytest.approx(r["update_call_us"] / (K * train_frequency))
-    # The worker threads' calls (sample_batches, write_priorities) are reported beside the parts,
-    # amortised the same way, and kept out of the sum.
-    threads, amortised = r["other_threads_per_call_us"], r["other_threads_per_env_step_us"]
-    assert set(threads) == set(amortised) == {"sample_batches", "write_priorities"}
-    assert all(us > 0 for us in threads.values())
-    for name, us in threads.items():
-        assert amortised[name] == pytest.approx(us / (K * train_frequency))
-    assert r["loop"]["steps"] == 12000 and r["loop"]["per_env_step_us"] == pytest.approx(
-        1e6 / r["loop"]["learning_sps"]
-    )
-    explained = sum(parts.values()) - parts["env step, bare"]
-    assert r["rest_of_loop_us"] == pytest.approx(r["loop"]["per_env_step_us"] - explained)
-    assert f"| the loop, learning phase ({r['loop']['learning_sps']:.0f} env steps/s) |" in r["table"]
 
 
 def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
