@@ -7,6 +7,10 @@ import tempfile
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The tests read videos back with imageio, whose ffmpeg reader would start ffmpeg with a preexec_fn: a
+# fork that runs Python in the child, in a process where JAX's threads run. imageio-ffmpeg's own switch
+# (its issue 58) starts it without one, so the fork is followed by the exec at once.
+os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
 
 
 @pytest.fixture(autouse=True)
