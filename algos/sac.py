@@ -1,33 +1,25 @@
 """Soft actor-critic with prioritized experience replay and n-step returns, in one file.
 
-Implements SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et
-al. 2018, "Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905), with the settings of jaxrl's
-SAC (Kostrikov 2021, github.com/ikostrikov/jaxrl: 10,000 random steps first, Adam at 3e-4 throughout,
-one actor and temperature step per critic step, target entropy -|A|/2, orthogonal init: docs/benchmarks.md),
-proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb with an IS-weighted
-critic loss, and n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a
-thread samples batches and puts them on the device, K SGD steps run in one jitted call, another thread
-writes the priorities back; --num-devices N splits each batch over N devices.
+SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et al. 2018,
+"Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905) at the settings of jaxrl's SAC (Kostrikov
+2021, github.com/ikostrikov/jaxrl), proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on
+cpprb and n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread puts
+batches on the device, K SGD steps run in one jitted call, another thread writes the priorities back;
+--num-devices N splits each batch over N devices.
 
-Update, on a minibatch of B transitions i, each spanning k_i <= n env steps (actions in [-1, 1]^|A|;
-the env's bounds are an affine map after, so the target entropy means the same for every env):
+Update, on a minibatch of B transitions i, each spanning k_i <= n env steps (actions in [-1, 1]^|A|):
   a = tanh(u), u ~ N(mu(s), sigma(s)):  log pi(a|s) = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))
   y_i     = G_i + d_i (min_m Q_target_m(s'_i, a'_i) - alpha log pi(a'_i|s'_i)),  a'_i ~ pi(.|s'_i)
   G_i     = sum_{j<k_i} gamma^j r_{t+j},   d_i = gamma^k_i (1 - terminated_i)      (truncation bootstraps)
   L_Q     = (1/B) sum_i w_i sum_m huber(Q_m(s_i, a_i) - y_i)                         (w_i: PER IS weights)
   L_pi    = (1/B) sum_i [alpha log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
   L_alpha = (1/B) sum_i -alpha (log pi(a~_i|s_i) + H_target),  H_target = -scale |A|
-  p_i     = mean_m |Q_m(s_i, a_i) - y_i| + eps   (the error the sample still has; the max would be noisier)
+  p_i     = mean_m |Q_m(s_i, a_i) - y_i| + eps
   P(i)    = p_i^alpha_per / sum_j p_j^alpha_per,  w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the
-            minibatch (--per-weight-norm buffer: over all N), beta: --per-beta0 -> 1; each minibatch is
-            its own stratified draw over the whole buffer. Only L_Q is IS-weighted: the weights keep the
-            critic's fixed point unbiased, while the actor step improves the policy on any state
-            distribution with full support.
+            minibatch (--per-weight-norm buffer: over all N), beta: --per-beta0 -> 1
   Q_target <- tau Q + (1 - tau) Q_target every --target-network-frequency SGD steps; every
   --policy-frequency SGD steps the actor and alpha take --policy-frequency steps.
-  Acting: a ~ pi(.|s; phi_act) on the host CPU (Acme's split), phi_act a copy of the actor's params as the
-  update call in flight found them: the behaviour policy lags the learner by at most one call of K SGD
-  steps, and on an accelerator the envs step while that call runs (a resume starts with no lag).
+  Acting: a ~ pi(.|s) on the host CPU with the actor's params as the update call in flight found them.
 
 Run
   python algos/sac.py                                          # Pendulum-v1, 20k steps
@@ -35,13 +27,10 @@ Run
   python algos/sac.py --resume runs/<run>                      # continue from its checkpoint
   python algos/sac.py --capture-video --track                  # eval videos, Weights & Biases
   python tools/sac_evaluate.py runs/<run>         # tools/: evaluate a model, write a dataset, plot a run
-Your own env: one factory builds the training and the evaluation envs, e.g.
-  def my_envs(num_envs, video=None):  # video: (folder, name prefix) to film the first episode, or None
-      return gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-  sac.train(sac.Args(env_id="MyEnv"), my_envs)
+Your own env: sac.train(sac.Args(env_id="MyEnv"), env_fn), one factory of the training and evaluation envs:
+  env_fn(num_envs, video=None) -> gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=SAME_STEP)
 Outputs: runs/<env_id>__sac__<seed>__<time>/ holds args.json, eval.csv, tensorboard events (CleanRL's
-tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
-Design notes and measured figures: docs/sampling.md and the pages it names.
+tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/sac.md.
 """
 
 from __future__ import annotations
@@ -62,8 +51,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -91,7 +79,7 @@ Rate = Annotated[float, Field(gt=0, le=1)]
 Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)]
 
 
-@dataclass
+@dataclasses.dataclass
 class Args:
     # Algorithm
     env_id: str = "Pendulum-v1"
@@ -234,9 +222,7 @@ class TwinCritic(nn.Module):
 
     @nn.compact
     def __call__(self, obs, action):
-        twins = nn.vmap(
-            Critic, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, out_axes=0, axis_size=2
-        )
+        twins = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, axis_size=2)
         return twins(self.hidden_sizes)(obs, action)
 
 
@@ -253,10 +239,8 @@ def sample_tanh_gaussian(mean, log_std, key):
 
 
 class NStepAssembler:
-    """Per-step transitions of parallel envs in, n-step transitions out. Each env keeps its last n
-    steps in a ring; once n are pending the oldest leaves with n rewards and discount gamma^n; at an
-    episode's end every pending step leaves with its k <= n rewards, next_obs = the real final
-    observation and discount gamma^k if truncated (bootstrap) or 0 if terminated."""
+    """Per-step transitions of parallel envs in, n-step ones out: each env's oldest pending step leaves with n
+    rewards, or at an episode's end each with its k <= n and discount gamma^k (0 if terminated)."""
 
     def __init__(self, n, gamma, num_envs, obs_dim, action_dim):
         self.n, self.t = n, 0  # step t lives in ring slot t % n
@@ -265,64 +249,40 @@ class NStepAssembler:
         self.action = np.zeros((n, num_envs, action_dim), np.float32)
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
-        self.all_full = False  # every env has n pending steps: the common case, kept cheap
-        self.oldest_first = (np.arange(n)[:, None] + np.arange(n)) % n  # row i: slots from slot i on
-        self.full_discount = np.full(num_envs, self.powers[n], np.float32)
-
-    def _emit(self, envs, ages, next_obs, terminated):
-        first, k, offsets = self.t - 1 - ages, ages + 1, np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
-        discount = (self.powers[k] * (1.0 - terminated)).astype(np.float32)
-        return dict(
-            zip(ROW, (self.obs[first % self.n, envs], self.action[first % self.n, envs], ret, next_obs, discount))
-        )
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """One vector step (next_obs: the real final observation where done); the rows returned may
-        be views of the ring, valid until the next push."""
+        """One vector step (next_obs: the real final one where done); rows may be views valid until the next."""
         slot = self.t % self.n
         self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
         self.t += 1
         done = terminated | truncated
-        if self.all_full and not done.any():  # every env emits its oldest step, no per-env indexing
-            oldest = self.t % self.n
-            ret = (self.powers[: self.n] @ self.reward[self.oldest_first[oldest]]).astype(np.float32)
-            return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        parts = []
-        if (full := np.flatnonzero((self.pending == self.n) & ~done)).size:
-            parts.append(self._emit(full, np.full(full.size, self.n - 1), next_obs[full], np.zeros(full.size)))
-        if (ended := np.flatnonzero(done)).size:
-            envs = np.repeat(ended, self.pending[ended])
-            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
-            self.pending[ended] = 0
-        self.all_full = bool((self.pending == self.n).all())
-        if len(parts) < 2:
-            return parts[0] if parts else None
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
+        envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
+        ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
+        self.pending[ended] = 0
+        if not envs.size:
+            return None
+        first, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # first: the oldest slot
+        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
+        discount = (self.powers[k] * (1.0 - terminated[envs])).astype(np.float32)
+        return dict(zip(ROW, (self.obs[first, envs], self.action[first, envs], ret, next_obs[envs], discount)))
 
 
 class PrioritizedReplay:
-    """Proportional PER (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer, which keeps the sum
-    tree, adds eps and raises to alpha. Inserts are staged and handed over 128 rows at a time (a cpprb
-    call costs about 150 copied rows). One lock, as cpprb is not thread-safe: the main thread inserts,
-    the prefetch thread samples, the writer thread updates. write_count[slot] counts overwrites: a
-    |TD| is written back only where the slot still holds the row it was computed for."""
-
-    STAGE_ROWS = 128
+    """Proportional PER (Schaul et al. 2016) on cpprb, under one lock (cpprb is not thread-safe), inserts staged
+    128 rows at a time; write_count[slot] counts overwrites: a |TD| goes back only to the row it came from."""
 
     def __init__(self, capacity, obs_dim, action_dim, alpha, eps, weight_norm: str = "batch"):
         self.capacity, self.weight_norm, self.beta = capacity, weight_norm, 0.4
-        shapes = ((obs_dim,), (action_dim,), (), (obs_dim,), ())
-        self.spec = dict(zip(ROW, shapes))  # name: shape of one row, all float32
+        self.spec = dict(zip(ROW, ((obs_dim,), (action_dim,), (), (obs_dim,), ())))  # a row's shapes, all float32
         cpprb_spec = {k: {"shape": shape or 1, "dtype": np.float32} for k, shape in self.spec.items()}
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
-        self.stage_rows = min(self.STAGE_ROWS, capacity)
+        self.stage_rows = min(128, capacity)
         self.stage = {k: np.zeros((self.stage_rows,) + shape, np.float32) for k, shape in self.spec.items()}
         self.staged = 0
 
@@ -348,7 +308,7 @@ class PrioritizedReplay:
         self.staged = 0
 
     def sample(self, batch_size: int, num_batches: int = 1):
-        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts)."""
+        """(batches[K, B, ...] with IS 'weights', slot indexes[K * B], their write counts)."""
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
         # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
         beta = self.beta  # once: the K minibatches of a call share one beta
@@ -358,14 +318,13 @@ class PrioritizedReplay:
                 draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays: copy them
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
-            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes")
+            batch = {key: np.stack([d[key] for d in draws]) for key in draws[0]}
+            indexes = batch.pop("indexes").reshape(-1)
             stamps = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(-1).astype(np.float32)
+            batch[key] = batch[key].reshape(num_batches, batch_size).astype(np.float32)
         if self.weight_norm == "batch":  # per minibatch, as Acme, Dopamine
-            weights = batch["weights"].reshape(num_batches, batch_size)
-            batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
+            batch["weights"] /= batch["weights"].max(axis=1, keepdims=True)
         return batch, indexes, stamps
 
     def update_priorities(self, indexes, stamps, priorities) -> int:
@@ -379,25 +338,18 @@ class PrioritizedReplay:
                 self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
 
-    def max_priority(self) -> float:
-        with self.lock:
-            return self.buffer.get_max_priority()
-
     def state_dict(self) -> dict:
         self.flush()
         with self.lock:
-            stored = self.buffer.get_stored_size()
-            rows = self.buffer.get_all_transitions() if stored else {}
-            empty = {k: np.zeros((0,) + (s or (1,)), np.float32) for k, s in self.spec.items()}
-            state = {f"replay/{k}": rows.get(k, empty[k]) for k in self.spec}
-            state["replay/priority"] = self.priority[:stored].copy()
+            rows = self.buffer.get_all_transitions()
+            state = {f"replay/{k}": rows[k] for k in self.spec}
+            state["replay/priority"] = self.priority[: self.buffer.get_stored_size()].copy()
             state["replay/next_index"] = np.asarray(self.buffer.get_next_index(), np.int64)
             state["replay/max_priority"] = np.asarray(self.buffer.get_max_priority(), np.float64)
         return state
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
-        """Rebuild cpprb slot by slot from a checked file, so that indexes, priorities and the insert
-        position all match the saved run."""
+        """Rebuild cpprb slot by slot from a checked file: indexes, priorities, insert position as saved."""
         prio = arrays.get("replay/priority")
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
@@ -405,14 +357,11 @@ class PrioritizedReplay:
         prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), np.float32) for key, s in self.spec.items()}
-        require(
-            0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), f"{path}: replay priorities out of range [0, max]"
-        )
-        full = stored == self.capacity
+        full, discount = stored == self.capacity, data["discount"]
+        ok = 0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top))
+        require(ok, f"{path}: replay priorities out of range [0, max]")
         require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
-        require(
-            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
-        )
+        require(np.all((discount >= 0) & (discount <= 1)), f"{path}: replay discounts out of range [0, 1]")
         with self.lock:
             self.buffer.clear()
             if stored:
@@ -428,23 +377,10 @@ class PrioritizedReplay:
 # ------------------------------------------------------------------------------------------ LEARNER
 
 
-class TrainState(NamedTuple):
-    actor_params: Any
-    critic_params: Any
-    target_critic_params: Any
-    log_alpha: jax.Array
-    actor_opt: Any
-    critic_opt: Any
-    alpha_opt: Any
-    sgd_steps: jax.Array
-
-
-class Nets(NamedTuple):
-    actor: Actor
-    critic: TwinCritic
-    actor_tx: optax.GradientTransformation
-    critic_tx: optax.GradientTransformation
-    alpha_tx: optax.GradientTransformation
+TrainState = collections.namedtuple(
+    "TrainState", "actor_params critic_params target_critic_params log_alpha actor_opt critic_opt alpha_opt sgd_steps"
+)
+Nets = collections.namedtuple("Nets", "actor critic actor_tx critic_tx alpha_tx")  # flax modules, optax optimisers
 
 
 def make_nets(args: Args, action_dim: int) -> Nets:
@@ -468,28 +404,20 @@ def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key)
     return init(key, log_alpha)
 
 
-def huber(x: jax.Array, delta: float) -> jax.Array:
-    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2), one branch each so that the gradient is
-    x or delta sign(x) exactly; rlax's and optax's 0.5 q^2 + delta (|x| - q), q = min(|x|, delta), add
-    x to delta in float32, so their gradient is 0 below half a float32 step of delta (0.03 at 1e6)."""
-    return jnp.where(jnp.abs(x) <= delta, 0.5 * x**2, delta * (jnp.abs(x) - 0.5 * delta))
-
-
-def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, huber_delta: float):
-    """IS-weighted Huber loss of both critics against the clipped double-Q soft target; returns
-    (loss, (td[2, B], mean Q))."""
+def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, delta: float):
+    """IS-weighted Huber loss of both critics against the clipped double-Q soft target: (L_Q, (td[2, B], mean Q))."""
     mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
     next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
     next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
     target = batch["reward"] + batch["discount"] * (next_q - jnp.exp(state.log_alpha) * next_log_prob)
     q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
     td = q - jax.lax.stop_gradient(target)
-    return jnp.mean(batch["weights"] * huber(td, huber_delta).sum(axis=0)), (td, q.mean())
+    huber = jnp.where(jnp.abs(td) <= delta, 0.5 * td**2, delta * (jnp.abs(td) - 0.5 * delta))  # exact gradient
+    return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
 
 
 def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
-    """L_pi + L_alpha, plain means; aux = (L_pi, L_alpha, entropy estimate). The stop_gradients
-    separate the sum: the actor sees only L_pi, log alpha only L_alpha, so one backward pass serves both."""
+    """L_pi + L_alpha, aux (L_pi, L_alpha, entropy); the stop_gradients give each parameter its own loss."""
     mean, log_std = nets.actor.apply(actor_params, obs)
     action, log_prob = sample_tanh_gaussian(mean, log_std, key)
     q = nets.critic.apply(critic_params, obs, action).min(axis=0)
@@ -517,8 +445,7 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         return (state, obs), aux
 
     def actor_steps(state, obs, key):
-        keys = jax.random.split(key, args.policy_frequency)
-        (state, _), aux = jax.lax.scan(actor_step, (state, obs), keys)
+        (state, _), aux = jax.lax.scan(actor_step, (state, obs), jax.random.split(key, args.policy_frequency))
         return state, tuple(x.mean() for x in aux)
 
     def sgd_step(state: TrainState, inputs):
@@ -526,20 +453,18 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         critic_key, actor_key = jax.random.split(key)
         grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
         (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key, args.huber_delta)
-        updates, critic_opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
-        critic_params = optax.apply_updates(state.critic_params, updates)
-        steps = state.sgd_steps + 1
-        polyak = optax.incremental_update(critic_params, state.target_critic_params, args.tau)
+        updates, opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
+        params, steps = optax.apply_updates(state.critic_params, updates), state.sgd_steps + 1
+        polyak = optax.incremental_update(params, state.target_critic_params, args.tau)
         target = optax.periodic_update(polyak, state.target_critic_params, steps, args.target_network_frequency)
-        state = state._replace(critic_params=critic_params, critic_opt=critic_opt, target_critic_params=target)
-        state = state._replace(sgd_steps=steps)
+        state = state._replace(critic_params=params, critic_opt=opt, target_critic_params=target, sgd_steps=steps)
         state, (actor_l, alpha_l, entropy) = jax.lax.cond(  # the delayed actor and alpha steps
             steps % args.policy_frequency == 0,
             lambda s: actor_steps(s, batch["obs"], actor_key),
             lambda s: (s, (jnp.nan, jnp.nan, jnp.nan)),
             state,
         )
-        finite = jnp.isfinite(optax.global_norm((state.critic_params, state.actor_params, state.log_alpha)))
+        finite = jnp.isfinite(optax.tree.norm((state.critic_params, state.actor_params, state.log_alpha)))
         td = jnp.where(finite, td, jnp.nan)  # non-finite parameters: NaN priorities stop the run
         return state, (q_loss, q_mean, actor_l, alpha_l, entropy, td)
 
@@ -551,28 +476,19 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         metrics.update({"losses/entropy": jnp.nanmean(entropy), "losses/alpha": jnp.exp(state.log_alpha)})
         return state, metrics, jnp.abs(td).mean(axis=1)
 
-    replicated, batch = shardings
-    return jax.jit(
-        update,
-        donate_argnums=0,
-        in_shardings=(replicated, batch, replicated),
-        out_shardings=(replicated, replicated, batch),
-    )
+    whole, split = shardings
+    return jax.jit(update, donate_argnums=0, in_shardings=(whole, split, whole), out_shardings=(whole, whole, split))
 
 
-class Shardings(NamedTuple):
-    replicated: jax.sharding.NamedSharding  # the train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B], split along B
+Shardings = collections.namedtuple("Shardings", "replicated batch")  # the state: whole on each device; batches: split
 
 
 def learner_shardings(args: Args) -> Shardings:
-    """Data parallel over --num-devices: jit partitions the update by these shardings, the loss's
-    mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
+    """Data parallel over --num-devices: jit partitions the update by these shardings (docs/multidevice.md)."""
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
-    require(
-        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
-    )
+    names = ", ".join(map(str, devices))
+    require(n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {names}")
     require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
@@ -583,9 +499,7 @@ def learner_shardings(args: Args) -> Shardings:
 
 
 def actor_device(learner_devices, choice: str = "cpu"):
-    """The device that acts: the host CPU, as Acme's actors, unless the learner is there already or
-    --actor-device learner asks for the learner's first device. On an accelerator every env step
-    would wait for a round trip to it, which costs more than a small network on the CPU."""
+    """The host CPU (Acme's actors), unless --actor-device learner or a CPU learner says the learner's first."""
     if choice == "learner" or learner_devices[0].platform == "cpu":
         return learner_devices[0]
     try:
@@ -595,16 +509,13 @@ def actor_device(learner_devices, choice: str = "cpu"):
 
 
 def actor_copy(params, device):
-    """The actor's own copy of the learner's params (device 0's replica) on `device`: a copy even
-    on the same device, since the next update call donates the learner's buffers."""
-    return jax.device_put(
-        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
-    )
+    """A copy of device 0's replica of params on `device`, a copy even there: the next update donates it."""
+    replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
+    return jax.device_put(replica, device, may_alias=False)
 
 
 def make_act(actor: Actor):
-    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1]: a sample of the
-    tanh-Gaussian keyed by fold_in(key, step), or (evaluation) tanh of the mean."""
+    """jit(params, obs[N], key, step, deterministic) -> actions[N, |A|] in [-1, 1] (deterministic: tanh(mean))."""
 
     def act(params, obs, key, step, deterministic: bool):
         mean, log_std = actor.apply(params, obs)
@@ -615,13 +526,8 @@ def make_act(actor: Actor):
     return jax.jit(act, static_argnames="deterministic")
 
 
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
-
-
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """[n, prod(shape)] in [-1, 1] -> [n, *shape] in [low, high] (the Box's shape), affine per
-    dimension; clipped against float rounding."""
+    """[n, prod(shape)] in [-1, 1] -> [n, *shape] in [low, high], affine, clipped against rounding."""
     action = action.reshape((len(action),) + low.shape)
     return np.clip(low + (action + 1.0) * 0.5 * (high - low), low, high)
 
@@ -635,31 +541,22 @@ def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """The default env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
-    ends an episode returns the next one's first observation and the real last one in
-    info["final_obs"]); with video = (folder, prefix) sub-env 0 films its first episode."""
-    wrappers, kwargs = [], {}
-    if video is not None:
-        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
-            os.environ.setdefault("MUJOCO_GL", "egl")
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-        kwargs["render_mode"] = "rgb_array"
-        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
+    """Sync vector envs in SAME_STEP autoreset mode; with video = (folder, prefix) env 0 films its first episode."""
+    if video is not None and sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-        def film(env):
-            filmed.append(env)
-            if len(filmed) > 1:
-                return env
-            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+    def make(filmed: bool):
+        if not filmed:
+            return gym.make(env_id)
+        with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            env = gym.make(env_id, render_mode="rgb_array")
+            return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
 
-        wrappers.append(film)
-    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    thunks = [functools.partial(make, video is not None and i == 0) for i in range(num_envs)]
     try:
-        envs = gym.make_vec(
-            env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
-        )
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except ImportError as e:
         raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)} (pip install -r requirements.txt)") from None
     except (gym.error.Error, AttributeError, ValueError) as e:
@@ -675,26 +572,19 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
 def check_spaces(envs, env_id: str) -> None:
     """SAC's spaces: bounded Box actions of any shape (the networks see them flat), vector observations."""
     space, obs_space = envs.single_action_space, envs.single_observation_space
-    kind = f"{env_id} has a {type(space).__name__} action space"
     box = "SAC needs a Box action space (algos/dqn_prioritized.py takes discrete actions)"
-    require(isinstance(space, gym.spaces.Box), f"{kind}; {box}")
+    require(isinstance(space, gym.spaces.Box), f"{env_id} has a {type(space).__name__} action space; {box}")
     bounded = np.isfinite(space.low).all() and np.isfinite(space.high).all()
     require(bounded, f"{env_id} has unbounded actions {space}; SAC's tanh policy needs finite bounds")
+    hint = "write a gymnasium.ObservationWrapper that returns a Box vector"
+    if obs_space.is_np_flattenable:
+        hint = "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
     vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
-    require(vector, f"{env_id} has observations {obs_space}; the networks take vectors: {flatten_hint(obs_space)}")
-
-
-def flatten_hint(space) -> str:
-    """The gymnasium wrapper that would make `space` a vector, if one can."""
-    if space.is_np_flattenable:
-        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
-    return "write a gymnasium.ObservationWrapper that returns a Box vector"
+    require(vector, f"{env_id} has observations {obs_space}; the networks take vectors: {hint}")
 
 
 def real_next_obs(next_obs, done, info):
     """The observation each step led to: at an episode's end, info["final_obs"] (SAME_STEP mode)."""
-    if not done.any():
-        return next_obs
     real = next_obs.copy()
     for i in np.flatnonzero(done):
         real[i] = info["final_obs"][i]
@@ -702,8 +592,7 @@ def real_next_obs(next_obs, done, info):
 
 
 def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=None):
-    """Returns of deterministic episodes (tanh of the mean) on parallel envs, the same seeds every
-    time; an evaluation a signal cuts short returns None."""
+    """Returns of deterministic episodes on parallel envs, the same seeds every time (None if `stop` fills)."""
     envs = env_fn(episodes, video=video)
     try:
         low, high = envs.single_action_space.low, envs.single_action_space.high
@@ -723,10 +612,6 @@ def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=Non
 
 
 # -------------------------------------------------------------------------------------------- FILES
-# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
-# code. Member meta.json holds the format, the counters and the flags; every other member is one
-# array named by its place ("train_state/actor_params/params/Dense_0/kernel", "replay/obs", ...), checked
-# for name, shape, dtype and range against what this script builds before any of it is used.
 
 
 def require(ok, message: str) -> None:
@@ -735,8 +620,7 @@ def require(ok, message: str) -> None:
 
 
 def require_memory(nbytes: int, what: str, device: bool = False) -> None:
-    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
-    device's memory where the device reports it (the networks, the batches) cannot hold."""
+    """Refuse before allocating what RAM (with device=True: also the device's memory, if it says) cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
@@ -747,8 +631,7 @@ def first_line(error: BaseException) -> str:
 
 
 def write_atomic(path: str, write) -> None:
-    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
-    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    """write(file) into a new temp file beside `path`, fsync, rename: a failed write leaves the old file whole."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -769,8 +652,7 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
 
 
 def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
-    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
+    """checkpoint.npz is the newest; the K - 1 before it stay as checkpoint-<step>.npz (hard links)."""
     path = os.path.join(run_dir, "checkpoint.npz")
     try:
         if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
@@ -786,7 +668,7 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[i
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
-    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
+    """(meta.json, arrays named by their place) of a `kind` this script wrote, read without pickle."""
     path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
     require(os.path.isfile(path), f"no such file: {path}")
     with open(path, "rb") as f:
@@ -829,33 +711,23 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
 
 
 def args_from_json(saved, where: str = "") -> Args:
-    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
-    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
+    """Flags from JSON (maybe hostile) in their types and ranges, or one ConfigError naming the first bad one."""
+    text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
+    prefix = f"{where}: " if where else ""
     try:
-        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+        args = pydantic.TypeAdapter(Args).validate_json(text)
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
-        message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
-        raise ConfigError(f"{where}: {message}" if where else message) from None
-    between = (
-        (args.seed < 2**31 - args.total_timesteps - 10_000, "--seed must be in [0, 2^31 - 10^4 - steps)"),
-        (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
-        (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
-        (args.num_devices != 0, "--num-devices must be positive or -1 (all)"),
-    )
-    for ok, message in between:
-        require(ok, f"{where}: {message}" if where else message)
+        raise ConfigError(f"{prefix}{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}") from None
+    require(args.seed < 2**31 - args.total_timesteps - 10_000, f"{prefix}--seed must be in [0, 2^31 - 10^4 - steps)")
+    require(args.batch_size <= args.buffer_size, f"{prefix}--batch-size {args.batch_size} exceeds --buffer-size")
+    require(args.learning_starts >= args.batch_size, f"{prefix}--learning-starts must be at least --batch-size")
+    require(args.num_devices != 0, f"{prefix}--num-devices must be positive or -1 (all)")
     return args
 
 
-def json_value(value):
-    """numpy scalars and paths in Args built in Python: as JSON has them."""
-    return value.item() if isinstance(value, np.generic) else str(value)
-
-
 def check_args(args: Args) -> Args:
-    """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
     for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
         try:
@@ -869,9 +741,7 @@ def check_args(args: Args) -> Args:
 
 
 class Logger:
-    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
-    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
-    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
+    """Tensorboard events on this thread (docs/benchmarks.md), eval.csv, with --track W&B (id: the folder's name)."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -881,16 +751,11 @@ class Logger:
         if args.track:
             import wandb
 
-            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            name = os.path.basename(os.path.abspath(run_dir))
+            run = dict(name=name, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dir=run_dir, resume="allow")
             try:
                 self.wandb = wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    config=config,
-                    name=name,
-                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
-                    dir=run_dir,
-                    resume="allow",
+                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args), **run
                 )
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
@@ -929,18 +794,13 @@ class Logger:
 
 
 def open_run_dir(args: Args) -> str:
-    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
-    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
-    run_dir = (
-        args.resume
-        or args.run_dir
-        or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    )
-    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
+    """A new or empty folder, or a resumed run's own (its temp files go); none that holds a symlink."""
+    default = f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    run_dir = args.resume or args.run_dir or default
     try:
-        os.makedirs(run_dir, exist_ok=True)
+        os.makedirs(run_dir, exist_ok=True)  # a file there raises FileExistsError
     except OSError as e:
-        raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
+        raise ConfigError(f"--run-dir {run_dir} is not a folder and cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
@@ -956,7 +816,6 @@ def open_run_dir(args: Args) -> str:
 def sample_batches(replay: PrioritizedReplay, args: Args, sharding):
     """On the prefetch thread: (batches[K, B, ...] on the device(s), slot indexes, write counts)."""
     batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
-    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
     return jax.device_put(batch, sharding), indexes, stamps
 
 
@@ -965,9 +824,8 @@ def write_priorities(replay: PrioritizedReplay, prioritized: bool, indexes, stam
     priorities = np.asarray(priorities, np.float64)
     finite = np.isfinite(priorities).all(axis=1)
     if not finite.all():
-        raise RunFailed(
-            f"the learner diverged: non-finite TD error at SGD step {first_step + int(np.argmin(finite)) + 1}"
-        )
+        step = first_step + int(np.argmin(finite)) + 1
+        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
     if prioritized:  # with alpha = 0 a write changes nothing
         replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
@@ -980,9 +838,7 @@ def next_multiple(step: int, every: int):
 
 
 def train(args: Args, env_fn=None) -> dict:
-    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there);
-    env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
-    evaluation envs (default: make_env for --env-id). Returns a summary dict."""
+    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) builds the envs (make_env)."""
     args = check_args(args)
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
     shardings = learner_shardings(args)
@@ -1000,13 +856,10 @@ def train(args: Args, env_fn=None) -> dict:
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         row_bytes = (2 * obs_dim + action_dim + 3) * 4 + 48  # + priorities, write counts, cpprb's trees
         require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
-        widths = (*args.hidden_sizes, 2 * action_dim)  # the actor's, then the two critics' Dense layers
-        weights = sum((a + 1) * b for a, b in zip((obs_dim, *widths[:-1]), widths))
-        weights += 2 * sum(
-            (a + 1) * b for a, b in zip((obs_dim + action_dim, *args.hidden_sizes), (*args.hidden_sizes, 1))
-        )
+        shapes = jax.eval_shape(functools.partial(init_train_state, nets, args, obs_dim, action_dim), init_key)
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(6 * 4 * weights + batches, "the networks, their copies and the batches in flight", True)
+        require_memory(2 * state_bytes + batches, "the networks, their copies and the batches in flight", True)
         state = init_train_state(nets, args, obs_dim, action_dim, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
@@ -1023,8 +876,7 @@ def train(args: Args, env_fn=None) -> dict:
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
         sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-        cleanup.callback(writer.shutdown)
+        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -1053,9 +905,8 @@ def train(args: Args, env_fn=None) -> dict:
         def evaluation(prefix: str):
             nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
             params = actor_copy(state.actor_params, actor)  # the current params, not the lagging actor's
-            returns = evaluate(act, params, env_fn, args.eval_episodes, eval_seed, video, stopped)
+            returns = evaluate(act, params, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
@@ -1074,8 +925,7 @@ def train(args: Args, env_fn=None) -> dict:
             next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
             done = terminated | truncated
 
-            # STORE: the n-step rows lead to the real final observation; only termination ends the
-            # return, a truncation bootstraps.
+            # STORE: n-step rows to the real final observation; only termination ends the return
             replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info), terminated, truncated))
             obs, step = next_obs, step + args.num_envs
             ep_return += reward
@@ -1085,11 +935,10 @@ def train(args: Args, env_fn=None) -> dict:
                 logger.scalars(step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]})
                 ep_return[i], ep_length[i] = 0.0, 0
 
-            # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
-            # the prefetch thread, priorities go back on the writer thread.
+            # LEARN: one SGD step per train_frequency env steps, K fused per call, batches prefetched
             sgd_due = (step - args.learning_starts) // args.train_frequency
             while not stopped and sgd_due - sgd_done >= args.updates_per_call:
-                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
+                replay.beta = 1.0 + (args.per_beta0 - 1.0) * max(0.0, 1.0 - step / args.total_timesteps)
                 replay.flush()
                 if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
                     break
@@ -1112,7 +961,8 @@ def train(args: Args, env_fn=None) -> dict:
                 tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
                 sps = (step - last["step"]) / (tick["time"] - last["time"])
                 scalars = {"charts/SPS": sps, "replay/beta": replay.beta}
-                scalars["replay/priority_max"] = replay.max_priority()
+                with replay.lock:  # cpprb is not thread-safe
+                    scalars["replay/priority_max"] = replay.buffer.get_max_priority()
                 scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
                 if last["learn"]:
                     scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
@@ -1146,13 +996,10 @@ def train(args: Args, env_fn=None) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, total: int):
-    """(train state, key, global step, episodes, whether an evaluation was cut short) of
-    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    """(state, key, step, episodes, whether an evaluation was cut short) of RUN_DIR/checkpoint.npz, + replay."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
-    no_replay = f"{path} holds no replay (an earlier version's --no-checkpoint-replay): tools/sac_evaluate.py takes it"
-    require("replay/priority" in arrays, no_replay)
     state = restore_tree(state, arrays, "train_state/", path)
     key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")
@@ -1167,8 +1014,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second
-    signal interrupts at once."""
+    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second interrupts."""
     if stopped:
         raise KeyboardInterrupt
     stopped.append(signum)
@@ -1178,8 +1024,7 @@ def on_signal(stopped: list, signum, frame):
 
 
 def parse_args(argv=None) -> Args:
-    """tyro's parse; --resume takes the run's own flags, and any flag typed here wins over them.
-    Where to write and what to send where come from here only."""
+    """tyro's parse; --resume takes the run's own flags, overridden by those typed (and where to write)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     typed = tyro.cli(Args, args=argv)
     if typed.resume is None:
@@ -1191,16 +1036,13 @@ def parse_args(argv=None) -> Args:
             saved = json.loads(f.read())
     except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not JSON") from None
-    require(
-        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
-    )
+    ours = isinstance(saved, dict) and saved.get("script") == SCRIPT
+    require(ours, f"--resume {typed.resume}: not a run of {SCRIPT}.py")
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
     local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
     args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
-    require(
-        ":" not in args.env_id or args.env_id == typed.env_id,
-        f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm",
-    )
+    typed_again = ":" not in args.env_id or args.env_id == typed.env_id
+    require(typed_again, f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm")
     return args
 
 
