@@ -4,9 +4,9 @@ Implements behaviour cloning (Pomerleau 1991; the offline-RL baseline of D4RL, F
 arXiv:2004.07219, and of Emmons et al. 2021, arXiv:2112.10751), "x% BC" (the top x% of timesteps by
 their episode's return, as whole trajectories, best first: Chen et al. 2021, arXiv:2106.01345, 5.3),
 and optional proportional prioritized sampling by loss (Schaul et al. 2016, arXiv:1511.05952) on cpprb
-with IS-weighted losses. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread samples
-batches and puts them on the device, K SGD steps run in one jitted call, another thread writes the
-priorities back; --num-devices N splits each batch over N devices.
+with IS-weighted losses, from D4RL's HDF5, Minari folders or .npz (--dataset, repeatable: the union). The
+learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread samples batches onto the device, K SGD
+steps run in one jitted call, another thread writes the priorities back; --num-devices N splits batches.
 
 Loss per example i (the batch loss is (1/B) sum_i w_i l_i; w_i = 1 without --prioritized), on s
 normalised by the dataset's mean and std (saved with the model):
@@ -20,24 +20,13 @@ normalised by the dataset's mean and std (saved with the model):
   --per-weight-norm buffer the dataset), beta: --per-beta0 -> 1. Evaluation acts deterministically
   (argmax, tanh(f(s)), tanh(mu(s))); normalised score = 100 (R - ref_min) / (ref_max - ref_min).
 
-Datasets (--dataset, repeatable: the union): D4RL's flat HDF5 (observations, actions, rewards,
-terminals, timeouts, metadata/), a Minari folder as minari's DataCollector writes it (hdf5 storage;
-Box, Discrete, MultiBinary or MultiDiscrete observations, Box or Discrete actions), or .npz with
-D4RL's keys. Trajectories end at terminals, timeouts and each file's or episode's end. data/ ships
-three small files (docs/offline.md).
-
-Run
+Run (outputs: runs/<env_id>__bc_offline__<seed>__<time>/, arrays and JSON, no pickle; docs/offline.md)
   python algos/bc_offline.py                                  # data/pendulum-sac-expert.hdf5
   python algos/bc_offline.py --dataset data/cartpole-dqn-expert.hdf5 --top-fraction 0.1
   python algos/bc_offline.py --dataset a.hdf5 --dataset minari-folder --prioritized --loss nll
   python algos/bc_offline.py --resume runs/<run>               # continue from its checkpoint
   python tools/bc_evaluate.py runs/<run>         # tools/: evaluate a saved model, plot a run
-Outputs: runs/<env_id>__bc_offline__<seed>__<time>/ holds args.json, eval.csv (steps are SGD
-updates), tensorboard events, checkpoint.npz and model.npz (arrays and JSON, read without pickle),
-videos/. Design notes and measured figures: docs/offline.md.
 """
-
-from __future__ import annotations
 
 import os
 
@@ -57,7 +46,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Annotated, Any, List, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, List, Literal, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -81,7 +70,6 @@ DEFAULT_DATASET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
 Count = Annotated[int, Field(ge=1, lt=2**31)]
-Envs = Annotated[int, Field(ge=1, le=1024)]
 Positive = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min_length=1, max_length=16)]
@@ -132,7 +120,7 @@ class Args:
     # Run and output
     eval_every: Count = 5_000
     """SGD steps between evaluations"""
-    eval_episodes: Envs = 10
+    eval_episodes: Annotated[int, Field(ge=1, le=1024)] = 10
     """episodes per evaluation, run as parallel envs"""
     ref_min_score: Score = None
     """return of a random policy, for the normalised score (default: the dataset's metadata)"""
@@ -149,8 +137,7 @@ class Args:
     run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     """output folder (default runs/<env_id>__bc_offline__<seed>__<unix time>); must be new or empty"""
     resume: Optional[Annotated[str, Field(min_length=1)]] = None
-    """run folder to continue: its flags, overridden by those typed here (a larger --total-updates
-    re-stretches the lr and beta schedules)"""
+    """run folder to continue with its flags; those typed here win (--total-updates re-stretches the schedules)"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
     track: bool = False
@@ -182,8 +169,7 @@ class Policy(nn.Module):
     gaussian: bool  # a log-std head too (--loss nll)
 
     @nn.compact
-    def __call__(self, obs):
-        x = obs
+    def __call__(self, x):
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(width)(x))
         out = nn.Dense(self.out_dim)(x)
@@ -196,12 +182,9 @@ class Policy(nn.Module):
 
 
 class PrioritizedDataset:
-    """Proportional PER (Schaul et al. 2016) over a fixed dataset on cpprb's PrioritizedReplayBuffer,
-    which keeps the sum tree, adds eps and raises to alpha. One lock, as cpprb is not thread-safe: the
-    prefetch thread samples, the writer thread updates. Rows are never overwritten, so no sampled slot
-    goes stale; priority[] mirrors cpprb's, which it cannot hand back, for checkpoints. At alpha = 0
-    (no --prioritized) rows are drawn uniformly with numpy: the sum tree's draw costs ~7x more host time
-    (6.6 against 0.5 ms a call of 50 x 256 on a TPU's host), the limit of a run there (docs/sampling.md)."""
+    """Proportional PER (Schaul et al. 2016) over a fixed dataset on cpprb (the sum tree, eps, alpha), under one
+    lock (cpprb is not thread-safe); no row is overwritten, so none goes stale; priority[] mirrors cpprb's for the
+    checkpoints. At alpha = 0 (no --prioritized) numpy draws the rows uniformly, ~7x cheaper than the tree."""
 
     def __init__(self, obs, actions, alpha: float, eps: float, weight_norm: str = "batch", seed: int = 0):
         n, self.weight_norm, self.discrete, self.beta = len(obs), weight_norm, actions.ndim == 1, 0.4
@@ -210,24 +193,19 @@ class PrioritizedDataset:
         spec["action"] = {"shape": 1 if self.discrete else actions.shape[1], "dtype": actions.dtype}
         self.buffer = cpprb.PrioritizedReplayBuffer(n, spec, alpha=alpha, eps=eps)
         self.buffer.add(obs=obs, action=actions)  # all rows at priority 1
-        self.priority = np.ones(n, np.float64)
+        self.priority, self.max_priority = np.ones(n, np.float64), 1.0  # cpprb's max, which only rises
         self.lock = threading.Lock()
 
     def sample(self, batch_size: int, num_batches: int = 1):
         """(K minibatches of B rows flat with IS 'weights', row indexes)."""
-        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
-        # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
         if self.uniform:
             indexes = self.rng.integers(0, len(self.obs), batch_size * num_batches)
             ones = np.ones(len(indexes), np.float32)
             return {"obs": self.obs[indexes], "action": self.actions[indexes], "weights": ones}, indexes
-        beta = self.beta  # once: the K minibatches of a call share one beta
-        with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays: copy them
-                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
-                draws.append(draw)
+        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): K draws of B.
+        draw = functools.partial(self.buffer.sample, batch_size, beta=self.beta)  # one beta for the K
+        with self.lock:  # cpprb reuses its arrays: each draw is copied before the next
+            draws = [{k: v.copy() for k, v in draw().items()} for _ in range(num_batches)]
         batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
@@ -235,7 +213,7 @@ class PrioritizedDataset:
         if self.weight_norm == "batch":
             weights = weights / weights.max(axis=1, keepdims=True)
         batch["weights"] = weights.reshape(-1)
-        return batch, batch.pop("indexes")
+        return batch, batch.pop("indexes").astype(np.int64)
 
     def update_priorities(self, indexes, priorities) -> None:
         if not np.all(np.isfinite(priorities) & (priorities >= 0)):  # one NaN poisons every sum in the tree
@@ -243,15 +221,11 @@ class PrioritizedDataset:
         with self.lock:
             self.buffer.update_priorities(indexes, priorities)
             self.priority[indexes] = priorities
-
-    def max_priority(self) -> float:
-        with self.lock:
-            return self.buffer.get_max_priority()
+            self.max_priority = max(self.max_priority, float(np.max(priorities)))
 
     def state_dict(self) -> dict:
         with self.lock:
-            top = np.asarray(self.buffer.get_max_priority(), np.float64)
-            return {"priority": self.priority.copy(), "max_priority": top}
+            return {"priority": self.priority.copy(), "max_priority": np.asarray(self.max_priority, np.float64)}
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
         priority = checked_array(arrays, "priority", self.priority.shape, np.float64, path)
@@ -259,18 +233,15 @@ class PrioritizedDataset:
         require(0 < top <= 1e30 and np.all((priority >= 0) & (priority <= top)), f"{path}: priorities out of range")
         with self.lock:
             self.buffer.update_priorities(np.arange(len(priority)), priority)
-            # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
-            self.buffer.update_priorities(np.array([0]), np.array([top]))
-            self.buffer.update_priorities(np.array([0]), priority[:1])
-            self.priority[:] = priority
+            self.priority[:], self.max_priority = priority, top
 
 
 # ------------------------------------------------------------------------------------------ LEARNER
 
 
-class ObsStats(NamedTuple):
-    mean: np.ndarray
-    std: np.ndarray
+ObsStats = collections.namedtuple("ObsStats", "mean std")  # float32 [obs_dim] each
+TrainState = collections.namedtuple("TrainState", "params opt_state sgd_steps")
+Shardings = collections.namedtuple("Shardings", "replicated batch")  # the state on every device; batches split
 
 
 def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
@@ -278,12 +249,6 @@ def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
         return ObsStats(np.zeros(observations.shape[1], np.float32), np.ones(observations.shape[1], np.float32))
     # The floor keeps constant features (std 0) finite.
     return ObsStats(observations.mean(0).astype(np.float32), np.maximum(observations.std(0), 1e-3).astype(np.float32))
-
-
-class TrainState(NamedTuple):
-    params: Any
-    opt_state: Any
-    sgd_steps: jax.Array
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:
@@ -317,52 +282,36 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings
         (loss, priorities), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        priorities = jnp.where(jnp.isfinite(optax.global_norm(params)), priorities, jnp.nan)  # stops the run
+        priorities = jnp.where(jnp.isfinite(optax.tree.norm(params)), priorities, jnp.nan)  # stops the run
         return TrainState(params, opt_state, state.sgd_steps + 1), (loss, priorities)
 
     def update(state: TrainState, batches: dict):
         state, (loss, priorities) = jax.lax.scan(sgd_step, state, batches)
         return state, {"losses/bc_loss": loss.mean()}, priorities
 
-    replicated, batch = shardings
-    return jax.jit(
-        update, donate_argnums=0, in_shardings=(replicated, batch), out_shardings=(replicated, replicated, batch)
-    )
-
-
-class Shardings(NamedTuple):
-    replicated: jax.sharding.NamedSharding  # the train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and priorities[K, B], split along B
+    whole, split = shardings
+    return jax.jit(update, donate_argnums=0, in_shardings=(whole, split), out_shardings=(whole, whole, split))
 
 
 def learner_shardings(args: Args) -> Shardings:
     """Data parallel over --num-devices: jit partitions the update by these shardings, the loss's
     mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
     devices = jax.local_devices()
-    n = len(devices) if args.num_devices == -1 else args.num_devices
-    require(
-        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
-    )
+    n, names = (len(devices) if args.num_devices == -1 else args.num_devices), ", ".join(map(str, devices))
+    require(n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {names}")
     require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
-def host_device(learner_devices):
-    """Where the policy evaluates: the host CPU (a round trip to an accelerator every env step costs
-    more than the network), or the learner's first device if JAX was started without the CPU."""
-    try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return learner_devices[0]
-
-
-def actor_copy(params, device):
-    """A copy of the learner's params (device 0's replica) on `device`, to evaluate there."""
-    return jax.device_put(
-        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
-    )
+def actor_copy(params, device=None):
+    """A copy of the learner's params (device 0's replica) on `device`: by default the host CPU, to act there."""
+    if device is None:
+        with contextlib.suppress(RuntimeError):  # JAX started without the CPU backend
+            device = jax.devices("cpu")[0]
+    params = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
+    return jax.device_put(params, device, may_alias=False)
 
 
 def make_act(policy: Policy, mode: str):
@@ -375,32 +324,23 @@ def make_act(policy: Policy, mode: str):
     return jax.jit(act)
 
 
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
-
-
 # ----------------------------------------------------------------------------------------- DATASETS
-# Every reader checks what it takes (keys, shapes, dtypes, flags, finite numbers) and names the file
-# in one ConfigError; an env id from a file never names a module to import.
+# Every reader checks what it takes and names the file in one ConfigError; a file's env id names no module.
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
-MINARI_SPACES = {
-    "observation_space": ("Box", "Discrete", "MultiBinary", "MultiDiscrete"),
-    "action_space": ("Box", "Discrete"),
-}
+OBS_SPACES = ("Box", "Discrete", "MultiBinary", "MultiDiscrete")  # what the policy takes, flattened
+MINARI_SPACES = {"observation_space": OBS_SPACES, "action_space": ("Box", "Discrete")}
 
-
-class Dataset(NamedTuple):
-    observations: np.ndarray  # [N, obs_dim] float32
-    actions: np.ndarray  # [N] int64 (discrete) or [N, action_dim] float32
-    rewards: np.ndarray  # [N] float32
-    terminals: np.ndarray  # [N] bool: the episode ended in a terminal state
-    timeouts: np.ndarray  # [N] bool: the episode was cut off (or the trajectory ends here)
-    metadata: dict
+# observations [N, obs_dim] float32, actions [N] int64 (discrete) or [N, action_dim] float32, rewards [N]
+# float32, terminals [N] bool (a terminal state), timeouts [N] bool (a cut-off, or the trajectory ends here)
+Dataset = collections.namedtuple("Dataset", "observations actions rewards terminals timeouts metadata")
 
 
 def from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
+    """The Dataset of D4RL's arrays, checked; metadata's HDF5 and npz scalars (0-d arrays, bytes) as Python's."""
+    metadata = {k: v.item() if hasattr(v, "item") and np.ndim(v) == 0 else v for k, v in metadata.items()}
+    metadata = {k: v.decode() if isinstance(v, bytes) else v for k, v in metadata.items()}
     missing = [k for k in REQUIRED if k not in arrays]
     require(not missing, f"{path}: missing key(s) {', '.join(missing)}")
     arrays = {k: np.asarray(arrays[k]) for k in REQUIRED}
@@ -408,51 +348,28 @@ def from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
     lengths = {k: len(v) for k, v in arrays.items()}
     require(all(v == n for v in lengths.values()), f"{path}: arrays of different lengths {lengths}")
     require(n > 0, f"{path}: the dataset is empty")
-    for key, values in arrays.items():
-        require(values.dtype.kind in "biuf", f"{path}: {key} are not numbers (dtype {values.dtype})")
-        if key in ("rewards", "terminals", "timeouts"):
-            require(values.size == n, f"{path}: {key} of shape {values.shape}, expected ({n},)")
     actions = arrays["actions"]
     discrete = np.issubdtype(actions.dtype, np.integer) or (actions.ndim == 1 and metadata.get("discrete_actions"))
-    terminals, timeouts = (arrays[k].astype(bool).reshape(n) for k in ("terminals", "timeouts"))
-    # A file's last row ends its trajectory (a cut-off, not a terminal): else the next file's first
-    # episode would continue it and --top-fraction rank the two as one.
-    timeouts[-1] |= not terminals[-1]
-    return Dataset(
-        arrays["observations"].astype(np.float32).reshape(n, -1),
-        actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1),
-        arrays["rewards"].astype(np.float32).reshape(n),
-        terminals,
-        timeouts,
-        metadata,
-    )
-
-
-def plain(items) -> dict:
-    """HDF5 and npz scalars (0-d arrays, numpy scalars, bytes) as Python values."""
-    out = {}
-    for key, value in items:
-        value = value.item() if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0 else value
-        out[key] = value.decode() if isinstance(value, bytes) else value
-    return out
+    actions = actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1)
+    rewards, terminals, timeouts = (arrays[k].reshape(n) for k in REQUIRED[2:])
+    terminals, timeouts = terminals.astype(bool), timeouts.astype(bool)
+    timeouts[-1] |= not terminals[-1]  # a file's last row ends its trajectory: the next file's does not continue it
+    obs = arrays["observations"].astype(np.float32).reshape(n, -1)
+    return Dataset(obs, actions, rewards.astype(np.float32), terminals, timeouts, metadata)
 
 
 def read_d4rl_hdf5(path: str) -> Dataset:
     with h5py.File(path, "r") as f:
         arrays = {k: f[k][()] for k in REQUIRED if isinstance(f.get(k), h5py.Dataset)}
-        group = f.get("metadata")
-        meta = (
-            []
-            if group is None
-            else [*group.attrs.items(), *((k, v[()]) for k, v in group.items() if isinstance(v, h5py.Dataset))]
-        )
-    return from_flat(arrays, plain(meta), path)
+        meta = dict(f["metadata"].attrs) if "metadata" in f else {}
+        meta.update({k: v[()] for k, v in f.get("metadata", {}).items() if isinstance(v, h5py.Dataset)})
+    return from_flat(arrays, meta, path)
 
 
 def read_npz(path: str) -> Dataset:
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in REQUIRED if k in z.files}
-        metadata = plain((k.removeprefix("metadata/"), z[k]) for k in z.files if k.startswith("metadata/"))
+        metadata = {k.removeprefix("metadata/"): z[k] for k in z.files if k.startswith("metadata/")}
     return from_flat(arrays, metadata, path)
 
 
@@ -464,9 +381,7 @@ def json_object(value) -> dict:
 
 
 def minari_metadata(meta_path: str) -> dict:
-    """metadata.json's scalars and the env id (of eval_env_spec, else env_spec, as minari evaluates),
-    after refusing storage formats and spaces this reader cannot use. (minari 0.5.4's own
-    MinariDataset reads an episode of T observations for T actions without a word: docs/offline.md.)"""
+    """metadata.json's scalars and env id (eval_env_spec's, else env_spec's), refusing what BC cannot read."""
     if not os.path.isfile(meta_path):
         return {}
     try:
@@ -479,71 +394,57 @@ def minari_metadata(meta_path: str) -> dict:
     require(fmt == "hdf5", f"{meta_path}: data_format {fmt!r}; only minari's 'hdf5' storage is read here")
     for key, allowed in MINARI_SPACES.items():
         kind = json_object(raw.get(key)).get("type")
-        flatten = "flatten it with a gymnasium wrapper before collecting"
-        require(
-            kind in (None, *allowed),
-            f"{meta_path}: the {key} is a {kind} space; BC reads {', '.join(allowed)} ({flatten})",
-        )
+        reads = f"BC reads {', '.join(allowed)} (flatten it with a gymnasium wrapper before collecting)"
+        require(kind in (None, *allowed), f"{meta_path}: the {key} is a {kind} space; {reads}")
     metadata = {k: v for k, v in raw.items() if isinstance(v, (str, int, float, bool))}
     ids = [json_object(raw.get(k)).get("id") for k in ("eval_env_spec", "env_spec")]
     ids = [i for i in ids if isinstance(i, str) and i]
-    if ids:
-        metadata["env_id"] = ids[0]
-    return metadata
+    return {**metadata, "env_id": ids[0]} if ids else metadata
 
 
 def minari_episode(ep, where: str):
     """(T observations, actions, rewards, terminations, truncations) of an episode of T+1 observations."""
     missing = [k for k in MINARI_KEYS if k not in ep]
     require(not missing, f"{where} is missing {', '.join(missing)}")
+    dict_space = "an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
     for key in MINARI_KEYS:
-        dict_space = "an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
         require(key in MINARI_KEYS[2:] or not isinstance(ep[key], h5py.Group), f"{where}: {key} are {dict_space}")
         require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is not an array")
-        kind = ep[key].dtype.kind  # checked before reading: JPEG images and text are byte strings
-        require(
-            kind in "biuf", f"{where}: {key} are not numbers (dtype {ep[key].dtype}; JPEG images and text are not read)"
-        )
+        dtype = ep[key].dtype  # checked before reading: JPEG images and text are byte strings
+        require(dtype.kind in "biuf", f"{where}: {key} are not numbers (dtype {dtype}; JPEG and text are not read)")
     require(ep["actions"].ndim and ep["observations"].ndim, f"{where}: observations and actions need a time axis")
-    steps = ep["actions"].shape[0]
-    count = ep["observations"].shape[0]
+    steps, count = ep["actions"].shape[0], ep["observations"].shape[0]
     require(count == steps + 1, f"{where}: {count} observations for {steps} actions (needs T+1)")
-    for key in ("rewards", "terminations", "truncations"):
+    for key in MINARI_KEYS[2:]:
         require(ep[key].shape == (steps,), f"{where}: {key} of shape {ep[key].shape}, expected {(steps,)}")
-    flags = [ep[key][()] for key in ("terminations", "truncations")]
-    for key, values in zip(("terminations", "truncations"), flags):
-        require(np.isin(values, (0, 1)).all(), f"{where}: {key} are not booleans")
-    return ep["observations"][:-1], ep["actions"][()], ep["rewards"][()], flags[0].astype(bool), flags[1].astype(bool)
+        require(key == "rewards" or np.isin(ep[key][()], (0, 1)).all(), f"{where}: {key} are not booleans")
+    ends = [ep[key][()].astype(bool) for key in MINARI_KEYS[3:]]
+    return ep["observations"][:-1], ep["actions"][()], ep["rewards"][()], *ends
 
 
 def read_minari(folder: str) -> Dataset:
-    """A Minari folder (minari >= 0.5, hdf5 storage): data/main_data.hdf5 with one group episode_<id>
-    per episode, and data/metadata.json. The data/ folder itself may be given too."""
+    """A Minari folder (or its data/) as minari >= 0.5 writes it: main_data.hdf5 (episode_<id>), metadata.json."""
     data_dir = os.path.join(folder, "data")
     data_dir = folder if not os.path.isdir(data_dir) and os.path.isfile(f"{folder}/main_data.hdf5") else data_dir
     metadata = minari_metadata(os.path.join(data_dir, "metadata.json"))
     path = os.path.join(data_dir, "main_data.hdf5")
     require(os.path.isfile(path), f"{folder}: not a Minari dataset folder (no data/main_data.hdf5)")
-    parts, first = [], None
     with h5py.File(path, "r") as f:
         for name in f:
             episode = isinstance(f[name], h5py.Group) and re.fullmatch(r"episode_\d{1,12}", name)
             require(episode, f"{path}: {name!r} is not an episode group (episode_<id>)")
         require(len(f), f"{path}: no episodes")
-        for name in sorted(f, key=lambda name: int(name[8:])):  # id order: episode_2 before episode_10
-            where = f"{path}: {name}"
-            part = minari_episode(f[name], where)
-            obs, actions = part[0], part[1]
-            kind = (np.issubdtype(actions.dtype, np.integer), actions.shape[1:])
-            first = first or (name, obs.shape[1:], actions.dtype, kind)
-            require(
-                obs.shape[1:] == first[1],
-                f"{where}: observations of shape {obs.shape[1:]}, {first[0]}'s are {first[1]}",
-            )
-            theirs = f"{first[0]}'s are {first[2]} of shape {first[3][1]}"
-            require(kind == first[3], f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, {theirs}")
-            part[4][-1:] |= ~part[3][-1:]  # a stored episode ends here whatever its flags say
-            parts.append(part)
+        names = sorted(f, key=lambda name: int(name[8:]))  # id order: episode_2 before episode_10
+        parts = [minari_episode(f[name], f"{path}: {name}") for name in names]
+    obs0, actions0 = parts[0][:2]
+    kind0 = (np.issubdtype(actions0.dtype, np.integer), actions0.shape[1:])
+    for name, (obs, actions, _, terminations, truncations) in zip(names, parts):  # each against the first
+        where, shape, first = f"{path}: {name}", obs.shape[1:], f"{names[0]}'s are"
+        require(shape == obs0.shape[1:], f"{where}: observations of shape {shape}, {first} {obs0.shape[1:]}")
+        kind = (np.issubdtype(actions.dtype, np.integer), actions.shape[1:])
+        theirs = f"{first} {actions0.dtype} of shape {actions0.shape[1:]}"
+        require(kind == kind0, f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, {theirs}")
+        truncations[-1:] |= ~terminations[-1:]  # a stored episode ends here whatever its flags say
     steps = sum(len(p[2]) for p in parts)
     for key, found, what in (("total_episodes", len(parts), "episodes"), ("total_steps", steps, "steps")):
         claimed = metadata.get(key)
@@ -555,29 +456,22 @@ def read_minari(folder: str) -> Dataset:
 def read_dataset(path: str) -> Dataset:
     """Any supported format, checked: a bad file raises a ConfigError naming it."""
     require(os.path.exists(path), f"{path}: no such file or folder")
+    reader = read_minari if os.path.isdir(path) else read_npz if path.endswith(".npz") else read_d4rl_hdf5
     try:
-        ds = (
-            read_minari(path)
-            if os.path.isdir(path)
-            else read_npz(path)
-            if path.endswith(".npz")
-            else read_d4rl_hdf5(path)
-        )
+        ds = reader(path)
     except ConfigError:
         raise
     except Exception as e:
         raise ConfigError(f"{path}: unreadable dataset ({type(e).__name__}: {first_line(e)})") from None
     for name in ("observations", "actions", "rewards"):
-        values = getattr(ds, name)
-        require(values.dtype.kind != "f" or np.isfinite(values).all(), f"{path}: {name} contain NaN or inf")
+        require(np.isfinite(getattr(ds, name)).all(), f"{path}: {name} contain NaN or inf")
     for key in ("ref_min_score", "ref_max_score"):
         value = ds.metadata.get(key)
         number = type(value) in (int, float) and abs(value) <= 1e12
         require(value is None or number, f"{path}: metadata {key} must be a number, got {value!r}")
     env_id = ds.metadata.get("env_id")
-    require(
-        env_id is None or (isinstance(env_id, str) and env_id), f"{path}: metadata env_id must be a non-empty string"
-    )
+    ok = env_id is None or (isinstance(env_id, str) and env_id)
+    require(ok, f"{path}: metadata env_id must be a non-empty string")
     require(":" not in (env_id or ""), f"{path}: env id {env_id!r} names a module to import; not taken from a file")
     return ds
 
@@ -585,52 +479,35 @@ def read_dataset(path: str) -> Dataset:
 def concatenate(datasets: List[Dataset], paths: List[str]) -> Dataset:
     first = datasets[0]
     for ds, path in zip(datasets[1:], paths[1:]):
-        same = (
-            ds.observations.shape[1:] == first.observations.shape[1:]
-            and ds.actions.shape[1:] == first.actions.shape[1:]
-        )
-        require(
-            same and ds.actions.dtype == first.actions.dtype, f"{path}: observations/actions do not match {paths[0]}'s"
-        )
+        kinds = [(d.observations.shape[1:], d.actions.shape[1:], d.actions.dtype) for d in (first, ds)]
+        require(kinds[0] == kinds[1], f"{path}: observations/actions do not match {paths[0]}'s")
         ids = (first.metadata.get("env_id"), ds.metadata.get("env_id"))
         require(None in ids or ids[0] == ids[1], f"{path}: env {ids[1]} differs from {ids[0]} of {paths[0]}")
-    metadata = {}
-    for ds in reversed(datasets):  # the first file's values win
-        metadata.update(ds.metadata)
+    metadata = {k: v for ds in reversed(datasets) for k, v in ds.metadata.items()}  # the first file's values win
     return Dataset(*(np.concatenate([getattr(ds, k) for ds in datasets]) for k in Dataset._fields[:-1]), metadata)
 
 
 def trajectory_bounds(terminals: np.ndarray, timeouts: np.ndarray) -> np.ndarray:
     """[start, end) of each trajectory: one ends after every terminal or timeout; an open tail is one more."""
-    ends = np.flatnonzero(terminals | timeouts) + 1
-    if len(ends) == 0 or ends[-1] != len(terminals):
-        ends = np.append(ends, len(terminals))
+    ends = np.union1d(np.flatnonzero(terminals | timeouts) + 1, [len(terminals)])
     return np.stack([np.concatenate([[0], ends[:-1]]), ends], axis=1)
 
 
 def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
-    """Rows of "x% BC" (Chen et al. 2021, 5.3), as the paper's code selects them: whole trajectories,
-    best return first (ties: the earlier), while their total length stays within floor(fraction N);
-    the best one always, and the selection stops at the first one that does not fit."""
+    """Rows of "x% BC" (Chen et al. 2021, 5.3), as its code selects them: whole trajectories, best return first
+    (ties: the earlier), while they fit in floor(fraction N) rows; the best always; stop at the first that does not."""
     bounds = trajectory_bounds(ds.terminals, ds.timeouts)
     returns = np.add.reduceat(ds.rewards.astype(np.float64), bounds[:, 0])
     order = np.argsort(-returns, kind="stable")
     budget = int(fraction * len(ds.rewards) + 1e-6)  # 0.29 * 100 is 28.999999999999996
-    covered = np.cumsum(bounds[order, 1] - bounds[order, 0])
-    mask = np.zeros(len(ds.rewards), bool)
-    for start, end in bounds[order[: max(1, int(np.sum(covered <= budget)))]]:
-        mask[start:end] = True
-    return mask
+    lengths = bounds[:, 1] - bounds[:, 0]
+    chosen = order[: max(1, int(np.sum(np.cumsum(lengths[order]) <= budget)))]
+    return np.isin(np.repeat(np.arange(len(bounds)), lengths), chosen)  # each row's trajectory
 
 
-class TrainingData(NamedTuple):
-    dataset: Dataset  # after --top-fraction, continuous actions in [-1, 1]
-    env_id: str
-    mode: str  # "discrete", "mse" or "nll"
-    out_dim: int  # actions (discrete) or action dimensions
-    ref_min: Optional[float]
-    ref_max: Optional[float]
-    digest: str  # of the training data, checked on --resume
+# The dataset after --top-fraction (continuous actions in [-1, 1]), its env, the loss ("discrete", "mse" or
+# "nll"), the policy's outputs, the reference scores and the data's digest, checked on --resume.
+TrainingData = collections.namedtuple("TrainingData", "dataset env_id mode out_dim ref_min ref_max digest")
 
 
 def load_training_data(args: Args) -> TrainingData:
@@ -638,27 +515,22 @@ def load_training_data(args: Args) -> TrainingData:
     ds = concatenate(datasets, args.dataset)
     env_id = args.env_id or ds.metadata.get("env_id")
     require(env_id, f"{args.dataset[0]}: no env_id in the metadata; give --env-id")
-    envs = make_env(env_id, 1)
-    space, obs_shape = envs.single_action_space, envs.single_observation_space.shape
-    envs.close()
+    with contextlib.closing(make_env(env_id, 1)) as envs:
+        space, obs_shape = envs.single_action_space, envs.single_observation_space.shape
     discrete = isinstance(space, gym.spaces.Discrete)
+    if not discrete:  # a Box of any shape, flat: the loaders keep actions [N, dims]
+        low, high = space.low.reshape(-1), space.high.reshape(-1)
     for one, path in zip(datasets, args.dataset):
-        features = one.observations.shape[1]
+        features, acts = one.observations.shape[1], one.actions
         require(features == np.prod(obs_shape), f"{path}: observations have {features} features, the env {obs_shape}")
-        acts = one.actions
         if discrete:
-            integers = acts.ndim == 1 and np.issubdtype(acts.dtype, np.integer)
-            require(
-                integers, f"{path}: {acts.dtype} actions of shape {acts.shape[1:]} do not match the env's discrete ones"
-            )
+            ok = acts.ndim == 1 and np.issubdtype(acts.dtype, np.integer)
+            require(ok, f"{path}: {acts.dtype} actions of shape {acts.shape[1:]} do not match the env's discrete ones")
             first, last = int(space.start), int(space.start + space.n - 1)  # as the env takes them
             require(first <= acts.min() and acts.max() <= last, f"{path}: actions outside the env's {first}..{last}")
         else:
-            low, high = space.low.reshape(-1), space.high.reshape(-1)  # the loaders keep actions [N, dims]
-            require(
-                acts.shape[1:] == low.shape,
-                f"{path}: actions of shape {acts.shape[1:]} do not match the env's {space.shape}",
-            )
+            shape = f"actions of shape {acts.shape[1:]} do not match the env's {space.shape}"
+            require(acts.shape[1:] == low.shape, f"{path}: {shape}")
             slack = 1e-4 * (high - low)
             inside = np.all((acts >= low - slack) & (acts <= high + slack))
             require(inside, f"{path}: actions outside the env's bounds [{space.low}, {space.high}]")
@@ -668,7 +540,6 @@ def load_training_data(args: Args) -> TrainingData:
     if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
         ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start)) if space.start else ds
     else:  # the policy works in [-1, 1]: map the dataset's actions there once
-        low, high = space.low.reshape(-1), space.high.reshape(-1)  # a Box of any shape, flat
         scaled = np.clip(2.0 * (ds.actions - low) / (high - low) - 1.0, -1.0, 1.0)
         ds = ds._replace(actions=scaled.astype(np.float32))
     ref_min = ds.metadata.get("ref_min_score") if args.ref_min_score is None else args.ref_min_score
@@ -682,30 +553,23 @@ def load_training_data(args: Args) -> TrainingData:
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """Evaluation envs: a synchronous vector env in SAME_STEP autoreset mode; with video = (folder,
-    prefix) sub-env 0 films its first episode."""
-    wrappers, kwargs = [], {}
-    if video is not None:
-        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
-            os.environ.setdefault("MUJOCO_GL", "egl")
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-        kwargs["render_mode"] = "rgb_array"
-        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
+    """Synchronous evaluation envs (SAME_STEP autoreset); with video = (folder, prefix) sub-env 0 films episode 0."""
+    kwargs = {} if video is None else {"render_mode": "rgb_array"}
+    if video is not None and sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-        def film(env):
-            filmed.append(env)
-            if len(filmed) > 1:
-                return env
-            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
+    def sub_env(index: int) -> gym.Env:
+        env = gym.make(env_id, **kwargs)
+        if video is None or index > 0:
+            return env
+        with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
 
-        wrappers.append(film)
-    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     try:
-        envs = gym.make_vec(
-            env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
-        )
+        fns = [functools.partial(sub_env, i) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except ImportError as e:
         raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)} (pip install -r requirements.txt)") from None
     except (gym.error.Error, AttributeError, ValueError) as e:
@@ -715,26 +579,18 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     if not (isinstance(space, gym.spaces.Discrete) or bounded):
         envs.close()
         raise ConfigError(f"{env_id} has action space {space}; BC takes Discrete and bounded Box actions")
-    if type(obs_space).__name__ not in MINARI_SPACES["observation_space"]:
+    if type(obs_space).__name__ not in OBS_SPACES:
         envs.close()
-        raise ConfigError(f"{env_id} has observations {obs_space}; the policy takes arrays: {flatten_hint(obs_space)}")
+        flat = "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
+        hint = flat if obs_space.is_np_flattenable else "write a gymnasium.ObservationWrapper that returns a Box vector"
+        raise ConfigError(f"{env_id} has observations {obs_space}; the policy takes arrays: {hint}")
     return envs
 
 
-def flatten_hint(space) -> str:
-    """The gymnasium wrapper that would make `space` a vector, if one can."""
-    if space.is_np_flattenable:
-        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
-    return "write a gymnasium.ObservationWrapper that returns a Box vector"
-
-
 def evaluate(act, params, stats: ObsStats, env_fn, episodes: int, seed: int, video=None, stop=None):
-    """Returns of deterministic episodes on parallel envs, the same seeds every time; an evaluation a
-    signal cuts short returns None."""
-    envs = env_fn(episodes, video=video)
-    try:
+    """Returns of deterministic episodes on parallel envs, the same seeds every time; None if a signal cuts it."""
+    with contextlib.closing(env_fn(episodes, video=video)) as envs:
         space = envs.single_action_space
-        envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
         returns, running = np.zeros(episodes), np.ones(episodes, bool)
         while running.any():
@@ -750,8 +606,6 @@ def evaluate(act, params, stats: ObsStats, env_fn, episodes: int, seed: int, vid
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
-    finally:
-        envs.close()
 
 
 def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Optional[float]) -> float:
@@ -761,10 +615,8 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
 
 
 # -------------------------------------------------------------------------------------------- FILES
-# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
-# code. Member meta.json holds the format, the counters and the flags; every other member is one
-# array named by its place ("train_state/params/params/Dense_0/kernel", "obs_mean", ...), checked
-# for name, shape, dtype and range against what this script builds before any of it is used.
+# checkpoint.npz and model.npz, read with allow_pickle=False: meta.json (format, counters, flags) and arrays
+# named by their place ("train_state/sgd_steps"), each checked against what this script builds before use.
 
 
 def require(ok, message: str) -> None:
@@ -772,21 +624,12 @@ def require(ok, message: str) -> None:
         raise ConfigError(message)
 
 
-def require_memory(nbytes: int, what: str, device: bool = False) -> None:
-    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
-    device's memory where the device reports it (the networks, the batches) cannot hold."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
-    require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
-
-
 def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
 def write_atomic(path: str, write) -> None:
-    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
-    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    """write(file) to a new temp file, fsync, rename: the previous file stays whole, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -807,8 +650,7 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
 
 
 def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
-    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
+    """checkpoint.npz, the one it replaces kept as checkpoint-<step>.npz (a hard link), K in all once complete."""
     path = os.path.join(run_dir, "checkpoint.npz")
     try:
         if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
@@ -866,48 +708,19 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
-def load_model(path: str):
-    """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
-    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
-    meta, arrays = load_npz(path, kind)
-    saved = args_from_json(meta.get("args"), path)
-    env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
-    scores = all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))
-    require(":" not in str(env_id), f"{path}: env id {env_id!r} names a module to import; not taken from a file")
-    ok = isinstance(env_id, str) and mode in ("discrete", "mse", "nll") and scores
-    require(
-        ok and type(out_dim) is int and 0 < out_dim <= 65_536, f"{path}: meta.json's env_id, mode, out_dim or scores"
-    )
-    mean = arrays.get("obs_mean")
-    dim = mean.shape[0] if isinstance(mean, np.ndarray) and mean.ndim == 1 else 0
-    stats = ObsStats(*(checked_array(arrays, k, (dim,), np.float32, path) for k in ("obs_mean", "obs_std")))
-    policy = Policy(out_dim, saved.hidden_sizes, mode == "nll")
-    template = policy.init(jax.random.PRNGKey(0), jnp.zeros((1, dim)))
-    params = restore_tree(template, arrays, "train_state/params/" if kind == "checkpoint" else "params/", path)
-    return meta, policy, params, stats
-
-
 def args_from_json(saved, where: str = "") -> Args:
-    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
-    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
+    """Flags from JSON (a run folder's, maybe hostile), each checked, or one ConfigError naming the first bad one."""
+    at = f"{where}: " if where else ""
+    text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
     try:
-        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+        args = pydantic.TypeAdapter(Args).validate_json(text)
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
-        message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
-        raise ConfigError(f"{where}: {message}" if where else message) from None
-    require(
-        args.num_devices != 0,
-        f"{where}: --num-devices must be positive or -1" if where else "--num-devices must be positive or -1",
-    )
+        raise ConfigError(f"{at}{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}") from None
+    require(args.num_devices != 0, f"{at}--num-devices must be positive or -1")
     require(":" not in (args.env_id or "") or not where, f"{where}: env id {args.env_id!r} imports a module")
     return args
-
-
-def json_value(value):
-    """numpy scalars and paths in Args built in Python: as JSON has them."""
-    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 def check_args(args: Args) -> Args:
@@ -925,9 +738,7 @@ def check_args(args: Args) -> Args:
 
 
 class Logger:
-    """Tensorboard events through tensorboard's record writer into a buffered file flushed at each log
-    tick, eval.csv, and with --track the same scalars in Weights & Biases, its run id the folder's
-    name so that a resume continues it."""
+    """Tensorboard events (a file flushed at each log tick), eval.csv, with --track W&B (run id: the folder's)."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -937,17 +748,11 @@ class Logger:
         if args.track:
             import wandb
 
-            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            name = os.path.basename(os.path.abspath(run_dir))
+            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]  # the folder's: a resume continues the W&B run
+            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    config=config,
-                    name=name,
-                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
-                    dir=run_dir,
-                    resume="allow",
-                )
+                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -972,9 +777,8 @@ class Logger:
 
     def eval(self, step: int, returns: np.ndarray, score: float, video: Optional[str] = None) -> None:
         mean, std = returns.mean(), returns.std()
-        self.scalars(
-            step, {"eval/episodic_return": mean, "eval/episodic_return_std": std, "eval/normalized_score": score}
-        )
+        tags = {"eval/episodic_return": mean, "eval/episodic_return_std": std, "eval/normalized_score": score}
+        self.scalars(step, tags)
         with open(self.csv, "a") as f:
             f.write(f"{step},{mean:.4f},{std:.4f},{len(returns)},{score:.2f}\n")
         if self.wandb is not None and video and os.path.isfile(video):
@@ -988,15 +792,12 @@ class Logger:
 
 
 def open_run_dir(args: Args, env_id: str) -> str:
-    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
-    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
-    run_dir = (
-        args.resume or args.run_dir or f"runs/{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    )
-    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
+    """A new or empty folder, or a resumed run's own (its temp files removed); holding no symlink to write through."""
+    default = f"runs/{env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    run_dir = args.resume or args.run_dir or default
     try:
         os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # a file there too
         raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
@@ -1004,9 +805,8 @@ def open_run_dir(args: Args, env_id: str) -> str:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
         if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
             subfolders.remove("wandb")
-    for name in os.listdir(run_dir):
-        if ".tmp." in name and args.resume:
-            os.remove(os.path.join(run_dir, name))
+    for name in (n for n in os.listdir(run_dir) if ".tmp." in n):  # writes a kill cut short (a fresh run: none)
+        os.remove(os.path.join(run_dir, name))
     return run_dir
 
 
@@ -1019,15 +819,12 @@ def sample_batches(replay: PrioritizedDataset, args: Args, sharding, num_batches
 
 
 def write_priorities(replay: PrioritizedDataset, prioritized: bool, indexes, priorities, first_step: int):
-    """On the writer thread (reading the priorities waits for the learner): stop on divergence, else
-    write back."""
+    """On the writer thread (reading the priorities waits for the learner): stop on divergence, else write back."""
     priorities = np.asarray(priorities, np.float64)
     finite = np.isfinite(priorities).all(axis=1)
     if not finite.all():
         step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(
-            f"the learner diverged: non-finite loss or parameters at SGD step {step}; a lower --learning-rate?"
-        )
+        raise RunFailed(f"the learner diverged: loss or params not finite at SGD step {step}; lower --learning-rate?")
     if prioritized:  # with alpha = 0 a write changes nothing
         replay.update_priorities(indexes, priorities.reshape(-1))
 
@@ -1036,8 +833,7 @@ def write_priorities(replay: PrioritizedDataset, prioritized: bool, indexes, pri
 
 
 def train(args: Args) -> dict:
-    """Train on --dataset with Args as parse_args gives them (with --resume: the run's flags, merged
-    there), evaluating in the dataset's env (or --env-id). Returns a summary dict."""
+    """Train on --dataset with Args as parse_args gives them, evaluating in its env; returns a summary dict."""
     if not args.dataset:  # the shipped file, found beside this script in the repo
         where = f"no --dataset given, and {SHIPPED} is not beside this script"
         require(os.path.isfile(DEFAULT_DATASET), f"{where}: give --dataset PATH (D4RL .hdf5, Minari folder, .npz)")
@@ -1049,12 +845,16 @@ def train(args: Args) -> dict:
     ds, env_fn = data.dataset, functools.partial(make_env, data.env_id)
     stats = obs_stats(ds.observations, args.normalize_obs)
     policy, optimizer = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), make_optimizer(args)
+    # Refused before allocating: what the RAM or the device's memory (where it reports it) cannot hold.
     dummy = jnp.zeros((1, ds.observations.shape[1]))
     shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(args.seed), dummy)
-    row = ds.observations.shape[1] + (1 if ds.actions.ndim == 1 else ds.actions.shape[1]) + 1
-    batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row * 4
-    nbytes = 5 * sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes)) + batches
-    require_memory(nbytes, "the network, its copies and the batches in flight", True)
+    row = ds.observations[0].size + ds.actions[0].size + 1  # floats of a row in a batch, its weight included
+    batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row
+    nbytes = 4 * (5 * sum(x.size for x in jax.tree_util.tree_leaves(shapes)) + batches)  # float32; 5 params' worth
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+    what = f"the network, its copies and the batches in flight: {nbytes / 2**30:,.1f} GiB"
+    require(nbytes < limit, f"{what}, more than the {limit / 2**30:,.1f} GiB here")
     params = policy.init(jax.random.PRNGKey(args.seed), dummy)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
@@ -1074,9 +874,8 @@ def train(args: Args) -> dict:
         saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_updates, initial=step, unit="update", disable=None))
+        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-        cleanup.callback(writer.shutdown)
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -1100,7 +899,7 @@ def train(args: Args) -> dict:
         def evaluation(prefix: str):
             nonlocal last_eval, missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
-            params = actor_copy(state.params, host_device(shardings.replicated.mesh.devices.flat))
+            params = actor_copy(state.params)
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
@@ -1112,9 +911,8 @@ def train(args: Args) -> dict:
         if redo:  # the evaluation a signal cut short
             evaluation("eval")
         while step < args.total_updates and not stopped:
-            # LEARN: K SGD steps per call on minibatches the prefetch thread samples (by loss with
-            # --prioritized, IS-weighted); the priorities go back on the writer thread.
-            replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_updates, step)
+            # LEARN: K SGD steps per call on the prefetch thread's minibatches; priorities go back on the writer's.
+            replay.beta = args.per_beta0 + (1.0 - args.per_beta0) * step / args.total_updates  # annealed to 1
             steps = min(args.updates_per_call, args.total_updates - step)
             t0 = time.perf_counter()
             if steps == args.updates_per_call:
@@ -1135,7 +933,7 @@ def train(args: Args) -> dict:
                 last, tick = tick, dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
                 rate = (step - last["step"]) / (tick["time"] - last["time"])
                 scalars = {"perf/updates_per_second": rate, "perf/learner_wait_fraction": last["wait"] / last["learn"]}
-                scalars.update({"replay/beta": replay.beta, "replay/priority_max": replay.max_priority()})
+                scalars.update({"replay/beta": replay.beta, "replay/priority_max": replay.max_priority})
                 logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
                 logger.file.flush()
                 line = f"updates/s {rate:7.0f}  loss {float(metrics['losses/bc_loss']):.4f}  eval {last_eval}"
@@ -1161,18 +959,14 @@ def train(args: Args) -> dict:
             print(f"stopped by signal {stopped[0]} at update {step}; continue with --resume {run_dir}", flush=True)
             return {"run_dir": run_dir, "updates": step, "signal": stopped[0]}
         score = normalized_score(returns, data.ref_min, data.ref_max)
-        print(
-            f"final eval after {step} updates: {returns.mean():.2f} +- {returns.std():.2f}, "
-            f"normalised score {score:.1f}; run dir {run_dir}",
-            flush=True,
-        )
+        final = f"final eval after {step} updates: {returns.mean():.2f} +- {returns.std():.2f}"
+        print(f"{final}, normalised score {score:.1f}; run dir {run_dir}", flush=True)
         return {"run_dir": run_dir, "updates": step, "eval_mean": float(returns.mean()), "score": score}
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset, digest: str, total: int):
     """The train state of RUN_DIR/checkpoint.npz, its priorities loaded into `replay`."""
     path = os.path.join(run_dir, "checkpoint.npz")
-    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
     require(meta.get("digest") == digest, f"--resume {run_dir}: the dataset differs from the one this run trained on")
     state = restore_tree(state, arrays, "train_state/", path)
@@ -1180,16 +974,13 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset,
     require(0 <= step < 2**31, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path)
     was = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
-    note = (
-        f"; the lr and beta schedules now run to --total-updates {total}, not {was}" if was not in (None, total) else ""
-    )
-    print(f"resumed {run_dir} at update {step}{note}")
+    note = f"; the lr and beta schedules now run to --total-updates {total}, not {was}"
+    print(f"resumed {run_dir} at update {step}{note if was not in (None, total) else ''}")
     return state, meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between calls (an evaluation at once) and checkpoints; a second
-    signal interrupts at once."""
+    """SIGINT/SIGTERM: the loop stops between calls (an evaluation at once) and checkpoints; a second interrupts."""
     if stopped:
         raise KeyboardInterrupt
     stopped.append(signum)
@@ -1199,8 +990,7 @@ def on_signal(stopped: list, signum, frame):
 
 
 def parse_args(argv=None) -> Args:
-    """tyro's parse; --resume takes the run's own flags, and any flag typed here wins over them.
-    Where to write and what to send where come from here only."""
+    """tyro's parse; --resume takes the run's flags, those typed here win, and where to write or send is typed."""
     argv = sys.argv[1:] if argv is None else list(argv)
     typed = tyro.cli(Args, args=argv)
     if typed.resume is None:
@@ -1212,9 +1002,8 @@ def parse_args(argv=None) -> Args:
             saved = json.loads(f.read())
     except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not JSON") from None
-    require(
-        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
-    )
+    ours = isinstance(saved, dict) and saved.get("script") == SCRIPT
+    require(ours, f"--resume {typed.resume}: not a run of {SCRIPT}.py")
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
     local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
     local["dataset"] = typed.dataset or args.dataset  # typed files replace the run's (tyro would append)
@@ -1225,19 +1014,17 @@ def cli(argv=None) -> int:
     try:
         result = train(parse_args(argv))
     except (ConfigError, RunFailed) as e:
-        print(f"{SCRIPT}.py: error: {' '.join(str(e).split())}", file=sys.stderr)  # arrays print over lines
-        return 2 if isinstance(e, ConfigError) else 1
+        code, message = (2 if isinstance(e, ConfigError) else 1), " ".join(str(e).split())  # arrays print over lines
     except jax.errors.JaxRuntimeError as e:  # an out-of-memory the checks before allocating did not foresee
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
-        print(f"{SCRIPT}.py: error: out of device memory: {first_line(e)}", file=sys.stderr)
-        return 1
+        code, message = 1, f"out of device memory: {first_line(e)}"
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
-        print(
-            f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller dataset or --hidden-sizes?)'}", file=sys.stderr
-        )
-        return 1
-    return 128 + result["signal"] if "signal" in result else 0
+        code, message = 1, str(e) or "out of memory (a smaller dataset or --hidden-sizes?)"
+    else:
+        return 128 + result["signal"] if "signal" in result else 0
+    print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

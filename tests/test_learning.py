@@ -9,7 +9,7 @@ import gymnasium as gym
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, load_script
+from helpers import ROOT, load_script, load_tool
 
 
 def test_dqn_default_run_solves_cartpole_and_ends_solved(tmp_path):
@@ -59,7 +59,7 @@ def test_bc_on_shipped_datasets_reaches_90_percent_of_the_data(tmp_path, name):
     args = bc.Args(dataset=[path], seed=1, run_dir=str(tmp_path / "bc"))
     result = bc.train(dataclasses.replace(args, eval_every=args.total_updates))  # no evaluations midway
     # 20 episodes of the saved model, as tools/bc_evaluate.py runs them.
-    meta, policy, params, stats = bc.load_model(os.path.join(result["run_dir"], "model.npz"))
+    meta, policy, params, stats = load_tool("bc_evaluate").load_model(os.path.join(result["run_dir"], "model.npz"))
     env_fn = functools.partial(bc.make_env, meta["env_id"])
     returns = bc.evaluate(bc.make_act(policy, meta["mode"]), params, stats, env_fn, 20, args.seed + 10_000)
     scores = 100 * (returns - lo) / (hi - lo)

@@ -19,6 +19,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bc_offline as bc  # noqa: E402
 
 
+def load_model(path: str):
+    """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
+    kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
+    meta, arrays = bc.load_npz(path, kind)
+    saved = bc.args_from_json(meta.get("args"), path)
+    env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
+    scores = all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))
+    bc.require(":" not in str(env_id), f"{path}: env id {env_id!r} names a module to import; not taken from a file")
+    ok = isinstance(env_id, str) and mode in ("discrete", "mse", "nll") and scores
+    ok = ok and type(out_dim) is int and 0 < out_dim <= 65_536
+    bc.require(ok, f"{path}: meta.json's env_id, mode, out_dim or scores")
+    mean = arrays.get("obs_mean")
+    dim = mean.shape[0] if isinstance(mean, bc.np.ndarray) and mean.ndim == 1 else 0
+    stats = bc.ObsStats(*(bc.checked_array(arrays, k, (dim,), bc.np.float32, path) for k in ("obs_mean", "obs_std")))
+    policy = bc.Policy(out_dim, saved.hidden_sizes, mode == "nll")
+    template = policy.init(bc.jax.random.PRNGKey(0), bc.jnp.zeros((1, dim)))
+    params = bc.restore_tree(template, arrays, "train_state/params/" if kind == "checkpoint" else "params/", path)
+    return meta, policy, params, stats
+
+
 @dataclasses.dataclass
 class Options:
     path: tyro.conf.Positional[str]
@@ -38,7 +58,7 @@ def main(argv=None) -> int:
         bc.require(options.seed is None or 0 <= options.seed < 2**31, "--seed must be in [0, 2^31)")
         bc.jax.config.update("jax_cpu_enable_async_dispatch", False)
         path = os.path.join(options.path, "model.npz") if os.path.isdir(options.path) else options.path
-        meta, policy, params, stats = bc.load_model(path)
+        meta, policy, params, stats = load_model(path)
         env_fn = functools.partial(bc.make_env, meta["env_id"])
         envs = env_fn(1)
         obs_shape, space = envs.single_observation_space.shape, envs.single_action_space
