@@ -297,8 +297,10 @@ def learner_shardings(args: Args) -> Shardings:
     """Data parallel over --num-devices: jit partitions the update by these shardings, the loss's
     mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
     devices = jax.local_devices()
-    n, names = (len(devices) if args.num_devices == -1 else args.num_devices), ", ".join(map(str, devices))
-    require(n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {names}")
+    n = len(devices) if args.num_devices == -1 else args.num_devices
+    require(
+        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
+    )
     require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
@@ -348,6 +350,8 @@ def from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
     lengths = {k: len(v) for k, v in arrays.items()}
     require(all(v == n for v in lengths.values()), f"{path}: arrays of different lengths {lengths}")
     require(n > 0, f"{path}: the dataset is empty")
+    kinds = {k: v.dtype.kind for k, v in arrays.items()}
+    require(all(kind in "biuf" for kind in kinds.values()), f"{path}: arrays that are not numbers {kinds}")
     actions = arrays["actions"]
     discrete = np.issubdtype(actions.dtype, np.integer) or (actions.ndim == 1 and metadata.get("discrete_actions"))
     actions = actions.astype(np.int64) if discrete else actions.astype(np.float32).reshape(n, -1)

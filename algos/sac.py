@@ -357,7 +357,8 @@ class PrioritizedReplay:
         prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), np.float32) for key, s in self.spec.items()}
-        full, discount = stored == self.capacity, data["discount"]
+        full = stored == self.capacity
+        discount = data["discount"]
         ok = 0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top))
         require(ok, f"{path}: replay priorities out of range [0, max]")
         require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
@@ -454,7 +455,8 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
         (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key, args.huber_delta)
         updates, opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
-        params, steps = optax.apply_updates(state.critic_params, updates), state.sgd_steps + 1
+        params = optax.apply_updates(state.critic_params, updates)
+        steps = state.sgd_steps + 1
         polyak = optax.incremental_update(params, state.target_critic_params, args.tau)
         target = optax.periodic_update(polyak, state.target_critic_params, steps, args.target_network_frequency)
         state = state._replace(critic_params=params, critic_opt=opt, target_critic_params=target, sgd_steps=steps)

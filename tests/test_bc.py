@@ -320,6 +320,7 @@ def test_writers_files_are_read_and_normalisation_is_saved_and_restored(tmp_path
         ("bounds", "outside the env's bounds"),
         ("no_env", "no env_id in the metadata"),
         ("env_module", "names a module to import"),
+        ("text_terminals", "arrays that are not numbers"),  # numpy would read any non-empty text as True
     ],
 )
 def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, problem, message):
@@ -343,6 +344,8 @@ def test_bad_datasets_are_one_clear_line_naming_the_file(tmp_path, capsys, probl
         meta = {}
     elif problem == "env_module":  # gym.make would import the module before ':'
         meta = {"env_id": "os:Pendulum-v1"}
+    elif problem == "text_terminals":
+        flat["terminals"] = np.array([b"0"] * len(flat["terminals"]))
     if problem == "garbage":
         with open(path, "wb") as f:
             f.write(b"this is not hdf5")
