@@ -1,13 +1,12 @@
 """Double DQN with prioritized experience replay and n-step returns, in one file.
 
-Implements Double DQN (van Hasselt, Guez & Silver 2016, arXiv:1509.06461) on DQN (Mnih et al. 2015,
-Nature 518), proportional prioritized replay (Schaul, Quan, Antonoglou & Silver 2016, arXiv:1511.05952)
-on cpprb, and n-step returns (Sutton 1988; with PER as in Rainbow, Hessel et al. 2018, arXiv:1710.02298).
-The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread samples batches and puts them
-on the device, K SGD steps run in one jitted call, another thread writes the priorities back;
---num-devices N splits each batch over N devices. Vector observations get an MLP, Atari frames the
-Nature CNN (--preset atari: the PER paper's setup), MinAtar's feature planes the network of its paper
-(Young & Tian 2019, arXiv:1903.03176; --preset minatar).
+Double DQN (van Hasselt, Guez & Silver 2016, arXiv:1509.06461) on DQN (Mnih et al. 2015, Nature 518),
+proportional prioritized replay (Schaul, Quan, Antonoglou & Silver 2016, arXiv:1511.05952) on cpprb, and
+n-step returns (Sutton 1988; with PER as in Rainbow, Hessel et al. 2018, arXiv:1710.02298), on Acme's
+learner (Hoffman et al. 2020, arXiv:2006.00979): a thread puts sampled batches on the device, K SGD steps
+run in one jitted call, another thread writes the priorities back. Vectors get an MLP, Atari frames the
+Nature CNN (--preset atari: the PER paper's setup), MinAtar's planes its paper's network (Young & Tian
+2019, arXiv:1903.03176; --preset minatar).
 
 Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   G_i     = sum_{j<k_i} gamma^j r_{t+j}            d_i = gamma^k_i (1 - terminated_i)  (truncation bootstraps)
@@ -17,9 +16,8 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> 1
   Each minibatch is its own stratified draw over the whole buffer. theta_target <- theta every
   --target-network-frequency SGD steps (a Polyak average if --tau < 1). --no-prioritized is alpha = 0.
-  Acting: epsilon-greedy in Q(s, .; theta_act) on the host CPU (Acme's split), theta_act a copy of theta as
-  the update call in flight found it: the behaviour policy lags the learner by at most one call of K
-  SGD steps, and on an accelerator the envs step while that call runs (a resume starts with no lag).
+  Acting: epsilon-greedy on the host CPU (Acme's split) with a copy of theta taken as each update call is
+  dispatched, so it lags the learner by at most K SGD steps while the envs step during that call.
   Actions are indexes 0..n-1 in the network and the replay; an env with Discrete(n, start=s) gets s + index.
 
 Run
@@ -27,18 +25,12 @@ Run
   python algos/dqn_prioritized.py --env-id MinAtar/Breakout-v1 --preset minatar
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari --num-devices -1
   python algos/dqn_prioritized.py --resume runs/<run>                # continue from its checkpoint
-  python algos/dqn_prioritized.py --capture-video --track            # eval videos, Weights & Biases
   python tools/dqn_evaluate.py runs/<run>        # tools/: evaluate a model, write a dataset, plot a run
-Your own env: one factory builds the training and the evaluation envs, e.g.
-  def my_envs(num_envs, video=None):  # video: (folder, name prefix) to film the first episode, or None
-      return gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-  dqn_prioritized.train(dqn_prioritized.Args(env_id="MyEnv"), my_envs)
+Your own env: dqn_prioritized.train(Args(env_id="MyEnv"), my_envs), where my_envs(num_envs, video=None) returns
+  gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP) or the like.
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
-(CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
-Design notes and measured figures: docs/dqn.md and the pages it names.
+(CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/dqn.md.
 """
-
-from __future__ import annotations
 
 import os
 
@@ -57,7 +49,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -75,6 +67,7 @@ SCRIPT = "dqn_prioritized"
 FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 FRAME_STACK = 4
 ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
+FLATTEN = "wrap it in gymnasium.wrappers.FlattenObservation (vector envs: wrappers.vector's) or an ObservationWrapper"
 
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
@@ -110,15 +103,13 @@ class Args:
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over training, which steadies the final policy"""
     max_grad_norm: Optional[Positive] = None
-    """clip the global gradient norm to this (none by default, as CleanRL's DQN: a clip at 10 held back
-    learning with the squared error, docs/dqn.md)"""
+    """clip the global gradient norm to this (none by default, as CleanRL's DQN: docs/dqn.md)"""
     batch_size: Count = 128
     """transitions per SGD step"""
     gamma: Rate = 0.99
     """discount factor"""
     n_step: Annotated[int, Field(ge=1, le=1000)] = 5
-    """rewards per return (1: one-step Q-learning; 5, not Rainbow's 3: fewer CartPole runs end with the cart
-    driven off the track, docs/dqn.md)"""
+    """rewards per return (1: one-step Q-learning; 5, not Rainbow's 3: docs/dqn.md)"""
     huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1.0
     """Huber loss threshold (a large value gives the squared error)"""
     clip_reward: Optional[Positive] = None
@@ -257,16 +248,14 @@ class QNetwork(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
+        x = obs.astype(jnp.float32)
         if self.planes:
-            x = nn.relu(nn.Conv(16, (3, 3), padding="VALID")(obs.astype(jnp.float32)))
-            x = x.reshape((x.shape[0], -1))
+            x = nn.relu(nn.Conv(16, (3, 3), padding="VALID")(x))
         elif obs.ndim == 4:  # uint8 frames, scaled here so that the replay and transfers carry bytes
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+            x = jnp.transpose(x, (0, 2, 3, 1)) / 255.0
             for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
                 x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
-            x = x.reshape((x.shape[0], -1))
-        else:
-            x = obs.astype(jnp.float32)
+        x = x.reshape((x.shape[0], -1))
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(width)(x))
         return nn.Dense(self.num_actions)(x)
@@ -276,10 +265,9 @@ class QNetwork(nn.Module):
 
 
 class NStepAssembler:
-    """Per-step transitions of parallel envs in, n-step transitions out. Each env keeps its last n
-    steps in a ring; once n are pending the oldest leaves with n rewards and discount gamma^n; at an
-    episode's end every pending step leaves with its k <= n rewards, next_obs = the real final
-    observation and discount gamma^k if truncated (bootstrap) or 0 if terminated."""
+    """Per-step transitions of parallel envs in, n-step transitions out: each env keeps its last n steps
+    in a ring, the oldest leaves with n rewards once n are pending, and at an episode's end every pending
+    step leaves with its k <= n rewards, discount gamma^k if truncated (bootstrap) or 0 if terminated."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, obs_dtype, clip_reward=None):
         self.n, self.clip_reward, self.t = n, clip_reward, 0  # step t lives in ring slot t % n
@@ -293,18 +281,8 @@ class NStepAssembler:
         self.rolled_powers = self.powers[ages].astype(np.float32)
         self.full_discount = np.full(num_envs, self.powers[n], np.float32)
 
-    def _emit(self, envs, ages, next_obs, terminated):
-        first, k, offsets = self.t - 1 - ages, ages + 1, np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
-        discount = (self.powers[k] * (1.0 - terminated)).astype(np.float32)
-        return dict(
-            zip(ROW, (self.obs[first % self.n, envs], self.action[first % self.n, envs], ret, next_obs, discount))
-        )
-
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """One vector step (next_obs: the real final observation where done); the rows returned may
-        be views of the ring, valid until the next push."""
+        """One vector step (next_obs: the real final observation where done); rows may be views of the ring."""
         if self.clip_reward is not None:
             reward = np.clip(reward, -self.clip_reward, self.clip_reward)
         slot = self.t % self.n
@@ -316,26 +294,25 @@ class NStepAssembler:
             ret = self.rolled_powers[oldest] @ self.reward
             return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        parts = []
-        if (full := np.flatnonzero((self.pending == self.n) & ~done)).size:
-            parts.append(self._emit(full, np.full(full.size, self.n - 1), next_obs[full], np.zeros(full.size)))
-        if (ended := np.flatnonzero(done)).size:
-            envs = np.repeat(ended, self.pending[ended])
-            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
-            self.pending[ended] = 0
+        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
+        envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
+        ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
+        self.pending[ended] = 0
         self.all_full = bool((self.pending == self.n).all())
-        if len(parts) < 2:
-            return parts[0] if parts else None
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        if not envs.size:
+            return None
+        first, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # first: the oldest slot
+        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
+        discount = (self.powers[k] * (1.0 - terminated[envs])).astype(np.float32)
+        return dict(zip(ROW, (self.obs[first, envs], self.action[first, envs], ret, next_obs[envs], discount)))
 
 
 class FrameStore:
-    """Atari frames kept once: a stack shares 3 of 4 frames with the next, and s'_t is s_{t+1}, so
-    pixel rows would keep each frame 8 times. Frame f lives in ring slot f % capacity; rows hold the
-    4 frame numbers of obs and next_obs. A step writes its newest frame, a reset its first frame
-    (FrameStackObservation pads with it). `written` moves before a frame is copied in, so a reader
-    that checks it after copying knows which frames may have changed under it (a stale row)."""
+    """Atari frames kept once (pixel rows would keep each frame 8 times): frame f lives in ring slot
+    f % capacity, rows hold the 4 frame numbers of obs and next_obs, a step writes its newest frame and a
+    reset its first. `written` moves before a frame is copied in, so a reader that checks it after
+    copying knows which frames may have changed under it (a stale row)."""
 
     def __init__(self, buffer_size: int, num_envs: int, frame_shape):
         self.capacity = buffer_size + buffer_size // 10 + 8 * num_envs + 4096  # resets add frames: see docs/dqn.md
@@ -367,13 +344,10 @@ class FrameStore:
 
 
 class PrioritizedReplay:
-    """Proportional PER (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer, which keeps the sum
-    tree, adds eps and raises to alpha. Inserts are staged and handed over 128 rows at a time (a cpprb
-    call costs about 150 copied rows). One lock, as cpprb is not thread-safe: the main thread inserts,
-    the prefetch thread samples, the writer thread updates. write_count[slot] counts overwrites: a
-    |TD| is written back only where the slot still holds the row it was computed for."""
-
-    STAGE_ROWS = 128
+    """Proportional PER (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer (sum tree, + eps, ^ alpha).
+    Inserts are staged and handed over 128 rows at a time (a cpprb call costs about 150 copied rows). One
+    lock, as cpprb is not thread-safe; write_count[slot] counts overwrites, so that a |TD| is written back
+    only where the slot still holds the row it was computed for."""
 
     def __init__(self, capacity, obs_shape, obs_dtype, alpha, eps, frames: Optional[FrameStore] = None):
         self.capacity, self.frames, self.beta = capacity, frames, 0.4
@@ -386,7 +360,7 @@ class PrioritizedReplay:
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
-        self.stage_rows = min(self.STAGE_ROWS, capacity)
+        self.stage_rows = min(128, capacity)
         self.stage = {k: np.zeros((self.stage_rows,) + shape, dtype) for k, (shape, dtype) in self.spec.items()}
         self.staged = self.stale = 0
 
@@ -412,10 +386,9 @@ class PrioritizedReplay:
         self.staged = 0
 
     def sample(self, batch_size: int, num_batches: int = 1):
-        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts). For
-        frames, a row whose frames were overwritten since its insert gets weight 0 and no write-back."""
-        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
-        # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
+        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts), each minibatch
+        stratified over the whole priority mass (Schaul et al. 2016, B.2.1), as one cpprb call of K*B rows is
+        not. A frame row overwritten since its insert gets weight 0 and no write-back."""
         beta = self.beta  # once: the K minibatches of a call share one beta
         with self.lock:
             draws = []
@@ -468,8 +441,7 @@ class PrioritizedReplay:
         return state
 
     def load_state_dict(self, arrays: dict, path: str, num_actions: int) -> None:
-        """Rebuild cpprb slot by slot from a checked file, so that indexes, priorities and the insert
-        position all match the saved run."""
+        """Rebuild cpprb from a checked file: the same slots, priorities and insert position."""
         prio = arrays.get("replay/priority")
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
@@ -477,15 +449,14 @@ class PrioritizedReplay:
         prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), d) for key, (s, d) in self.spec.items()}
-        require(
-            0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), f"{path}: replay priorities out of range [0, max]"
-        )
         full = stored == self.capacity
-        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
-        require(np.all((data["action"] >= 0) & (data["action"] < num_actions)), f"{path}: replay actions out of range")
-        require(
-            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
-        )
+        for ok, what in (
+            (0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), "priorities"),
+            (0 <= k < self.capacity and (k == stored or full), "next_index"),
+            (np.all((data["action"] >= 0) & (data["action"] < num_actions)), "actions"),
+            (np.all((data["discount"] >= 0) & (data["discount"] <= 1)), "discounts"),
+        ):
+            require(ok, f"{path}: replay {what} out of range")
         if self.frames is not None:
             written = int(get("replay/frames_written", (), np.int64))
             require(0 <= written < 2**62, f"{path}: replay/frames_written is out of range")
@@ -522,11 +493,7 @@ def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedRepla
 # ------------------------------------------------------------------------------------------ LEARNER
 
 
-class TrainState(NamedTuple):
-    params: Any
-    target_params: Any
-    opt_state: Any
-    sgd_steps: jax.Array
+TrainState = collections.namedtuple("TrainState", ["params", "target_params", "opt_state", "sgd_steps"])
 
 
 def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
@@ -547,9 +514,8 @@ def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> Tra
 
 
 def huber(x: jax.Array, delta: float) -> jax.Array:
-    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2), one branch each so that the gradient is
-    x or delta sign(x) exactly; rlax's and optax's 0.5 q^2 + delta (|x| - q), q = min(|x|, delta), add
-    x to delta in float32, so their gradient is 0 below half a float32 step of delta (0.03 at 1e6)."""
+    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2): its gradient is exact, where rlax's and optax's
+    form adds x to delta in float32 and so has a zero gradient below half a float32 step of delta."""
     return jnp.where(jnp.abs(x) <= delta, 0.5 * x**2, delta * (jnp.abs(x) - 0.5 * delta))
 
 
@@ -567,7 +533,7 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
 def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call, a
     lax.scan, or unrolled (XLA's CPU backend runs convolutions slower inside a loop)."""
-    shardings = learner_shardings(args)
+    replicated, batch = learner_shardings(args)
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -577,29 +543,20 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         steps = state.sgd_steps + 1
         polyak = optax.incremental_update(params, state.target_params, args.tau)
         target = optax.periodic_update(polyak, state.target_params, steps, args.target_network_frequency)
-        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
+        td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
         return TrainState(params, target, opt_state, steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict):
-        if unroll:
-            outs = []
-            for k in range(batches["action"].shape[0]):
-                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x, k=k: x[k], batches))
-                outs.append(out)
-            loss, q_mean, td = (jnp.stack(column) for column in zip(*outs))
-        else:
-            state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches)
+        state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches, unroll=unroll)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
-    replicated, batch = shardings
     return jax.jit(
         update, donate_argnums=0, in_shardings=(replicated, batch), out_shardings=(replicated, replicated, batch)
     )
 
 
-class Shardings(NamedTuple):
-    replicated: jax.sharding.NamedSharding  # the train state: a whole copy on every device
-    batch: jax.sharding.NamedSharding  # batches[K, B, ...] and |TD|[K, B], split along B
+# The train state's sharding (a whole copy on every device), the batches' and |TD|'s (split along B).
+Shardings = collections.namedtuple("Shardings", ["replicated", "batch"])
 
 
 def learner_shardings(args: Args) -> Shardings:
@@ -607,9 +564,8 @@ def learner_shardings(args: Args) -> Shardings:
     mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
-    require(
-        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
-    )
+    names = ", ".join(map(str, devices))
+    require(n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {names}")
     require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
@@ -620,9 +576,8 @@ def learner_shardings(args: Args) -> Shardings:
 
 
 def actor_device(learner_devices, choice: str = "cpu"):
-    """The device that acts: the host CPU, as Acme's actors, unless the learner is there already or
-    --actor-device learner asks for the learner's first device. On an accelerator every env step
-    would wait for a round trip to it, which costs more than a small network on the CPU."""
+    """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
+    costs more than a small network), unless the learner is there or --actor-device learner asks for it."""
     if choice == "learner" or learner_devices[0].platform == "cpu":
         return learner_devices[0]
     try:
@@ -632,16 +587,13 @@ def actor_device(learner_devices, choice: str = "cpu"):
 
 
 def actor_copy(params, device):
-    """The actor's own copy of the learner's params (device 0's replica) on `device`: a copy even
-    on the same device, since the next update call donates the learner's buffers."""
-    return jax.device_put(
-        jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params), device, may_alias=False
-    )
+    """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
+    replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
+    return jax.device_put(replica, device, may_alias=False)
 
 
 def make_act(q_apply, num_actions: int):
-    """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy. The network runs only when
-    some env acts greedily, and the draws are numpy's: on CPU a jitted PRNG costs more than the network."""
+    """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy; the network runs only if one is greedy."""
     greedy = jax.jit(lambda params, obs: jnp.argmax(q_apply(params, obs), axis=-1))
 
     def act(params, obs, epsilon, rng):
@@ -668,13 +620,6 @@ def is_planes(space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
-def flatten_hint(space) -> str:
-    """The gymnasium wrapper that would make `space` a vector, if one can."""
-    if space.is_np_flattenable:
-        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
-    return "write a gymnasium.ObservationWrapper that returns a Box vector"
-
-
 def is_image(space) -> bool:
     """uint8 images, grey (H, W) or RGB (H, W, 3), told by the space, never by the env's name."""
     shape = getattr(space, "shape", None) or ()
@@ -682,16 +627,11 @@ def is_image(space) -> bool:
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """The default env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
-    ends an episode returns the next one's first observation and the real last one in
-    info["final_obs"]); images get Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing
-    (up to 30 no-ops, action repeat 4 with a max over 2 frames) and 108k-frame episodes."""
-    try:
-        import ale_py  # registers the ALE ids
-
-        gym.register_envs(ale_py)
-    except ImportError:
-        pass
+    """The default env factory: sync vector envs in SAME_STEP autoreset mode (the step that ends an episode
+    returns the next one's first observation, the real last one in info["final_obs"]); images get Nature
+    DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing (30 no-ops, 4 frames a step), 108k frames."""
+    with contextlib.suppress(ImportError):
+        import ale_py  # noqa: F401 (registers the ALE ids)
     try:
         if env_id.startswith("MinAtar/") and env_id not in gym.registry:
             import minatar.gym
@@ -706,7 +646,7 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     probe.close()
     vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
     require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
-    takes = f"this script takes vectors, uint8 images or bool planes: {flatten_hint(space)}"
+    takes = f"this script takes vectors, uint8 images or bool planes: {FLATTEN}"
     require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
     wrappers, kwargs = [], {}
     if is_image(space) and ale:
@@ -719,25 +659,14 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
         stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
         wrappers.append(stack)
     if video is not None:
-        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
-            os.environ.setdefault("MUJOCO_GL", "egl")
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         kwargs["render_mode"] = "rgb_array"
-        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
-
-        def film(env):
-            filmed.append(env)
-            if len(filmed) > 1:
-                return env
-            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
-
-        wrappers.append(film)
-    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    return gym.make_vec(
-        env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
-    )
+    sync = dict(vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    envs = gym.make_vec(env_id, num_envs, wrappers=wrappers, **sync, **kwargs)
+    if video is not None:  # the first episode of sub-env 0; videos/ keeps the earlier evaluations' files
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            envs.envs[0] = gym.wrappers.RecordVideo(envs.envs[0], video[0], lambda e: e == 0, name_prefix=video[1])
+    return envs
 
 
 def real_next_obs(next_obs, done, info):
@@ -761,8 +690,7 @@ def lost_life(info, lives, done):
 def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
     """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
     every time; an evaluation a signal cuts short returns None."""
-    envs = env_fn(episodes, video=video)
-    try:
+    with contextlib.closing(env_fn(episodes, video=video)) as envs:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
         returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng((seed, 1))
@@ -774,15 +702,11 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
-    finally:
-        envs.close()
 
 
 # -------------------------------------------------------------------------------------------- FILES
-# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
-# code. Member meta.json holds the format, the counters and the flags; every other member is one
-# array named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs", ...), checked
-# for name, shape, dtype and range against what this script builds before any of it is used.
+# checkpoint.npz and model.npz, read with allow_pickle=False: meta.json (format, counters, flags) and one array per
+# leaf named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs"), each checked before use.
 
 
 def require(ok, message: str) -> None:
@@ -791,15 +715,10 @@ def require(ok, message: str) -> None:
 
 
 def require_memory(nbytes: int, what: str, device: bool = False) -> None:
-    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
-    device's memory where the device reports it (the networks, the batches) cannot hold."""
+    """Refuse before allocating what this machine's RAM (a replay), with device=True its device too, cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
-
-
-def tree_bytes(tree) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
 
 
 def first_line(error: BaseException) -> str:
@@ -892,7 +811,8 @@ def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
     its range, and the checks between flags, or one ConfigError naming the first bad flag."""
     try:
-        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+        text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
+        args = pydantic.TypeAdapter(Args).validate_json(text)
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
@@ -907,11 +827,6 @@ def args_from_json(saved, where: str = "") -> Args:
     for ok, message in between:
         require(ok, f"{where}: {message}" if where else message)
     return args
-
-
-def json_value(value):
-    """numpy scalars and paths in Args built in Python: as JSON has them."""
-    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 def check_args(args: Args) -> Args:
@@ -929,9 +844,8 @@ def check_args(args: Args) -> Args:
 
 
 class Logger:
-    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
-    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
-    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
+    """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
+    docs/benchmarks.md), eval.csv, and with --track W&B, its run id the folder's name so that a resume continues it."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -941,17 +855,11 @@ class Logger:
         if args.track:
             import wandb
 
-            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            name = os.path.basename(os.path.abspath(run_dir))
+            run_id, config = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dataclasses.asdict(args)
+            project = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    config=config,
-                    name=name,
-                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
-                    dir=run_dir,
-                    resume="allow",
-                )
+                self.wandb = wandb.init(**project, config=config, name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -991,11 +899,8 @@ class Logger:
 def open_run_dir(args: Args) -> str:
     """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
     files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
-    run_dir = (
-        args.resume
-        or args.run_dir
-        or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    )
+    default = f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    run_dir = args.resume or args.run_dir or default
     require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
     try:
         os.makedirs(run_dir, exist_ok=True)
@@ -1025,9 +930,8 @@ def write_priorities(replay: PrioritizedReplay, prioritized: bool, indexes, stam
     priorities = np.asarray(priorities, np.float64)
     finite = np.isfinite(priorities).all(axis=1)
     if not finite.all():
-        raise RunFailed(
-            f"the learner diverged: non-finite TD error at SGD step {first_step + int(np.argmin(finite)) + 1}"
-        )
+        step = first_step + int(np.argmin(finite)) + 1
+        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
     if prioritized:  # with alpha = 0 a write changes nothing
         replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
@@ -1040,9 +944,8 @@ def next_multiple(step: int, every: int):
 
 
 def train(args: Args, env_fn=None) -> dict:
-    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there);
-    env_fn(num_envs, video=None) -> a vector env in SAME_STEP autoreset mode builds the training and
-    evaluation envs (default: make_env for --env-id). Returns a summary dict."""
+    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) -> a vector env in SAME_STEP
+    autoreset mode builds the training and evaluation envs (default: make_env for --env-id). Returns a summary."""
     args = check_args(args)
     sgd_steps = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
     if args.tau == 1 and args.huber_delta <= 1 and args.target_network_frequency < 500:
@@ -1063,8 +966,7 @@ def train(args: Args, env_fn=None) -> dict:
     shardings = learner_shardings(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        envs = env_fn(args.num_envs)
-        cleanup.callback(envs.close)
+        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
         mode = envs.metadata.get("autoreset_mode")
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
@@ -1072,16 +974,16 @@ def train(args: Args, env_fn=None) -> dict:
         shape = space.shape if isinstance(space, gym.spaces.Box) else None
         stack = shape and shape[:1] == (FRAME_STACK,) and len(shape) == 3 and space.dtype == np.uint8  # [4, H, W]
         takes = f"the network takes vectors, bool planes or uint8 stacks of {FRAME_STACK} frames [{FRAME_STACK}, H, W]"
-        require(shape and (len(shape) == 1 or is_planes(space) or stack), f"{space}: {takes}; {flatten_hint(space)}")
+        require(shape and (len(shape) == 1 or is_planes(space) or stack), f"{space}: {takes}; {FLATTEN}")
         first = int(envs.single_action_space.start)
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
         optimizer = make_optimizer(args, sgd_steps)
-        shapes = jax.eval_shape(
-            functools.partial(init_train_state, network, optimizer, space.shape), jax.random.PRNGKey(0)
-        )
+        key = jax.random.PRNGKey(args.seed)
+        shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), key)
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(space.shape)) * 4
-        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight", True)
-        state = init_train_state(network, optimizer, space.shape, jax.random.PRNGKey(args.seed))
+        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        state = init_train_state(network, optimizer, space.shape, key)
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
         unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
@@ -1097,8 +999,7 @@ def train(args: Args, env_fn=None) -> dict:
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
         sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-        cleanup.callback(writer.shutdown)
+        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -1154,10 +1055,8 @@ def train(args: Args, env_fn=None) -> dict:
             reached, now = real_next_obs(next_obs, done, info), next_obs
             if frames is not None:
                 reached, now = frames.step(reached, next_obs, done)
-            ends_return = terminated
-            if args.terminal_on_life_loss and "lives" in info:
-                lost, lives = lost_life(info, lives, done)
-                ends_return = terminated | lost
+            lost, lives = lost_life(info, lives, done)
+            ends_return = terminated | (lost & args.terminal_on_life_loss)
             replay.add(nstep.push(stored_obs, actions, reward, reached, ends_return, truncated))
             stored_obs, obs, step = now, next_obs, step + args.num_envs
             ep_return += reward
@@ -1230,8 +1129,7 @@ def train(args: Args, env_fn=None) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
-    """(train state, global step, episodes, whether an evaluation was cut short) of
-    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    """(train state, global step, episodes, whether an evaluation was cut short); loads the replay too."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
@@ -1246,8 +1144,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second
-    signal interrupts at once."""
+    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second signal interrupts at once."""
     if stopped:
         raise KeyboardInterrupt
     stopped.append(signum)
@@ -1273,9 +1170,7 @@ def parse_args(argv=None) -> Args:
             saved = json.loads(f.read())
     except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not JSON") from None
-    require(
-        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
-    )
+    require(isinstance(saved, dict) and saved.get("script") == SCRIPT, f"{path}: not a run of {SCRIPT}.py")
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
