@@ -294,7 +294,8 @@ class NStepAssembler:
             ret = self.rolled_powers[oldest] @ self.reward
             return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
+        full = np.flatnonzero((self.pending == self.n) & ~done)
+        ended = np.flatnonzero(done)
         envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
         ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
         self.pending[ended] = 0
@@ -659,6 +660,8 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
         stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
         wrappers.append(stack)
     if video is not None:
+        if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # pygame opens an SDL display
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         kwargs["render_mode"] = "rgb_array"
     sync = dict(vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
     envs = gym.make_vec(env_id, num_envs, wrappers=wrappers, **sync, **kwargs)
@@ -856,10 +859,10 @@ class Logger:
             import wandb
 
             name = os.path.basename(os.path.abspath(run_dir))
-            run_id, config = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dataclasses.asdict(args)
-            project = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
+            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
+            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(**project, config=config, name=name, id=run_id)
+                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -1055,8 +1058,10 @@ def train(args: Args, env_fn=None) -> dict:
             reached, now = real_next_obs(next_obs, done, info), next_obs
             if frames is not None:
                 reached, now = frames.step(reached, next_obs, done)
-            lost, lives = lost_life(info, lives, done)
-            ends_return = terminated | (lost & args.terminal_on_life_loss)
+            ends_return = terminated
+            if args.terminal_on_life_loss:
+                lost, lives = lost_life(info, lives, done)
+                ends_return = terminated | lost
             replay.add(nstep.push(stored_obs, actions, reward, reached, ends_return, truncated))
             stored_obs, obs, step = now, next_obs, step + args.num_envs
             ep_return += reward
