@@ -1,14 +1,12 @@
 """Ape-X DQN: distributed prioritized experience replay on Ray, in one file.
 
-Implements Ape-X (Horgan, Quan, Budden, Barth-Maron, Hessel, van Hasselt & Silver 2018, arXiv:1803.00933):
-actors, each with its own envs and epsilon, act with a copy of the learner's parameters, assemble n-step
-transitions and compute their initial priorities themselves; one prioritized replay in the learner holds
-them; the learner trains on it and the actors copy its parameters now and then, neither waiting for the
-other. The learner is dqn_prioritized.py's: double DQN (van Hasselt et al. 2016, arXiv:1509.06461) with
-n-step returns and the IS-weighted Huber loss of proportional PER (Schaul et al. 2016, arXiv:1511.05952)
-on cpprb, a prefetch thread, K SGD steps per jitted call, priorities written back on another thread
-(Acme, Hoffman et al. 2020, arXiv:2006.00979). Ray (Moritz et al. 2018, arXiv:1712.05889) is the engine:
-each actor is a Ray actor, restarted by Ray when its process dies; data travels through Ray's object store.
+Ape-X (Horgan, Quan, Budden, Barth-Maron, Hessel, van Hasselt & Silver 2018, arXiv:1803.00933): actors, each with its
+own envs and epsilon, act with a copy of the learner's parameters and send n-step transitions with the initial
+priorities they computed; the learner trains on one prioritized replay, neither waiting for the other. The learner is
+dqn_prioritized.py's: double DQN (van Hasselt et al. 2016, arXiv:1509.06461), n-step returns, proportional PER (Schaul
+et al. 2016, arXiv:1511.05952) on cpprb, and Acme's prefetch and priority threads around K SGD steps per jitted call
+(Hoffman et al. 2020, arXiv:2006.00979). Each actor is a Ray actor (Moritz et al. 2018, arXiv:1712.05889), restarted
+by Ray when its process dies.
 
 Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   G_i     = sum_{j<k_i} gamma^j r_{t+j}            d_i = gamma^k_i (1 - terminated_i)  (truncation bootstraps)
@@ -18,21 +16,12 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> --per-beta1
   epsilon_i = 0.4^(1 + 7 i / (N - 1)) for actor i of N (Ape-X 4.1); chunks of --chunk-size (B = 50)
   transitions; parameters copied every --param-sync-every actor steps (400 frames = 100 steps).
-  --train-frequency caps the learner at one SGD step per that many env steps received, so that actors
-  and learner can share a laptop's cores (0: no cap, as in the paper); perf/replay_ratio says what it got.
 
-Run
-  python algos/apex_dqn.py                               # local Ray, one actor per free core, CartPole-v1
-  python algos/apex_dqn.py --num-actors 4 --seed 2
+Run (docs/apex.md; the run folder: docs/runs.md)
+  python algos/apex_dqn.py --num-actors 4 --seed 2       # a local Ray (default: one actor per free core), CartPole-v1
   python algos/apex_dqn.py --resume runs/<run>           # continue from its checkpoint
   python algos/apex_dqn.py --env-id ALE/Pong-v5 --preset atari --ray-address HEAD_IP:6379 --num-actors 256
-Outputs: runs/<env_id>__apex_dqn__<seed>__<time>/ holds args.json, eval.csv, actors.json (each actor's
-epsilon, process id and restarts), tensorboard events (CleanRL's tags, apex/param_lag: SGD steps since a
-chunk's parameters), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/.
-Design notes and measured figures: docs/apex.md.
 """
-
-from __future__ import annotations
 
 import os
 
@@ -44,7 +33,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import re
 import signal
 import socket
@@ -52,7 +40,6 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple, Optional, Tuple
 
 import cpprb
@@ -70,6 +57,7 @@ from pydantic import Field
 SCRIPT = "apex_dqn"
 FORMAT = f"{SCRIPT}/1"  # of checkpoint.npz and model.npz
 FRAME_STACK = 4
+ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
 ACTOR_COMEBACK_S = 120  # seconds an actor may send nothing (down, or never placed) before the run ends
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
@@ -81,7 +69,7 @@ Widths = Annotated[Tuple[Annotated[int, Field(ge=1, le=65_536)], ...], Field(min
 Steps = Annotated[int, Field(ge=0, lt=2**31)]
 
 
-@dataclass
+@dataclasses.dataclass
 class Args:
     # Algorithm
     env_id: str = "CartPole-v1"
@@ -97,15 +85,11 @@ class Args:
     dueling: bool = False
     """dueling heads, V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016; Ape-X's network)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
-    """Adam, or centred RMSProp (Ape-X's optimiser; --preset atari)"""
+    """Adam, or Ape-X's centred RMSProp: decay 0.95, eps 1.5e-7 outside the root (--preset atari)"""
     learning_rate: Positive = 1e-3
     """the optimiser's step size"""
     adam_eps: Positive = 1e-8
     """Adam's epsilon"""
-    rmsprop_decay: Annotated[float, Field(gt=0, lt=1)] = 0.95
-    """RMSProp: decay of the running averages of the gradient and its square"""
-    rmsprop_eps: Positive = 0.01
-    """RMSProp: added to the root of the centred second moment"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over --total-timesteps (env steps received)"""
     max_grad_norm: Positive = 10.0
@@ -127,17 +111,12 @@ class Args:
     learning_starts: Steps = 1_000
     """replay rows before the learner starts"""
     train_frequency: Steps = 2
-    """at most one SGD step per this many env steps received (the learner waits for data when it
-    runs ahead); 0: no cap, the learner runs as fast as it can (the paper)"""
+    """at most one SGD step per this many env steps received (the learner waits when ahead); 0: no cap, the paper's"""
     # Ape-X actors
     num_actors: Annotated[int, Field(ge=-1, le=100_000)] = -1
     """actor processes; -1: one per core the learner leaves free, at least 2"""
     num_envs: Envs = 1
     """environments per actor"""
-    actor_epsilon_base: Annotated[float, Field(gt=0, le=1)] = 0.4
-    """eps of epsilon_i = eps^(1 + alpha i / (N - 1)) (Ape-X: 0.4)"""
-    actor_epsilon_alpha: Annotated[float, Field(ge=0, le=1000)] = 7.0
-    """alpha of epsilon_i = eps^(1 + alpha i / (N - 1)) (Ape-X: 7)"""
     chunk_size: Count = 50
     """transitions an actor gathers before it sends them, with their priorities (Ape-X: 50)"""
     param_sync_every: Count = 100
@@ -193,20 +172,16 @@ class Args:
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
 
-# --preset atari: Ape-X DQN on Atari (Horgan et al. 2018, section 4.1 and appendix; the rest as
-# in the DQN papers: 4 frames per step, reward clipping, 84x84x4 stacks). Meant for a cluster:
-# the paper ran 360 actors on CPUs and one learner on a GPU.
+# --preset atari: Ape-X on Atari (Horgan et al. 2018, 4.1 and appendix; DQN's 4 frames a step, clipped rewards, 84x84x4
+# stacks) for a cluster (360 CPU actors, a GPU learner); its gamma, alpha, B = 50 and 400-frame syncs are the defaults.
 ATARI_PRESET = dict(
     total_timesteps=5_700_000_000,  # 22.8B frames in 5 days (Ape-X, Figure 2), 4 frames a step
     num_actors=360,  # Ape-X 4.1
     buffer_size=2_000_000,  # replay capacity 2M (Ape-X, appendix)
     batch_size=512,  # Ape-X, appendix
     n_step=3,
-    gamma=0.99,
-    optimizer="rmsprop",  # centred RMSProp (Ape-X, appendix) ...
-    learning_rate=0.00025 / 4,  # ... lr 0.00025 / 4 ...
-    rmsprop_decay=0.95,  # ... decay 0.95 ...
-    rmsprop_eps=1.5e-7,  # ... epsilon 1.5e-7, no momentum
+    optimizer="rmsprop",  # centred RMSProp, decay 0.95, epsilon 1.5e-7, no momentum (Ape-X, appendix) ...
+    learning_rate=0.00025 / 4,  # ... lr 0.00025 / 4
     anneal_lr=False,
     max_grad_norm=40.0,  # gradient norms clipped to 40 (Ape-X, appendix)
     target_network_frequency=2_500,  # target network updated every 2500 training batches
@@ -214,19 +189,13 @@ ATARI_PRESET = dict(
     train_frequency=0,  # the learner runs free
     dueling=True,  # dueling network (Ape-X, appendix), with double Q-learning
     hidden_sizes=(512,),  # the dueling network's 512-unit streams
-    per_alpha=0.6,  # Ape-X, appendix
-    per_beta0=0.4,
-    per_beta1=0.4,  # constant beta 0.4
-    chunk_size=50,  # local buffer B = 50 (Ape-X 4.1)
-    param_sync_every=100,  # parameters copied every 400 frames
+    per_beta1=0.4,  # constant beta 0.4 (the default beta0)
     clip_reward=1.0,
-    eval_epsilon=0.0,
     eval_every=10_000_000,
     eval_episodes=8,
     checkpoint_every=50_000_000,
     log_every=100_000,
 )  # Ape-X's frames per step, no-op starts and 108k-frame episodes: dqn_prioritized.py's pipeline
-PRESETS = {"atari": ATARI_PRESET}
 
 
 class ConfigError(Exception):
@@ -241,9 +210,8 @@ class RunFailed(Exception):
 
 
 class QNetwork(nn.Module):
-    """Q(s, .): an MLP on vectors; the Nature DQN convolutions on stacked frames [B, 4, H, W];
-    the MinAtar paper's convolution on bool planes [B, H, W, C] (planes=True). With dueling=True
-    the last hidden layer feeds two streams, V and A (Wang et al. 2016, arXiv:1511.06581)."""
+    """Q(s, .): an MLP on vectors, Nature DQN's convolutions on frames [B, 4, H, W], the MinAtar paper's on bool
+    planes [B, H, W, C] (planes=True); dueling=True: streams V and A (Wang et al. 2016, arXiv:1511.06581)."""
 
     num_actions: int
     hidden_sizes: Tuple[int, ...]
@@ -252,16 +220,14 @@ class QNetwork(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
+        x = obs.astype(jnp.float32)
         if self.planes:
-            x = nn.relu(nn.Conv(16, (3, 3), (1, 1), padding="VALID")(obs.astype(jnp.float32)))
-            x = x.reshape((x.shape[0], -1))
+            x = nn.relu(nn.Conv(16, (3, 3), (1, 1), padding="VALID")(x))
         elif obs.ndim == 4:
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+            x = jnp.transpose(x, (0, 2, 3, 1)) / 255.0
             for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
                 x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
-            x = x.reshape((x.shape[0], -1))
-        else:
-            x = obs.astype(jnp.float32)
+        x = x.reshape((x.shape[0], -1))
         if not self.dueling:
             for width in self.hidden_sizes:
                 x = nn.relu(nn.Dense(width)(x))
@@ -277,38 +243,19 @@ class QNetwork(nn.Module):
 
 
 class NStepAssembler:
-    """Turns per-step transitions of num_envs parallel streams into n-step transitions (the same
-    rules as dqn_prioritized.py's): the oldest pending step once n are pending; every pending
-    step, each with its own k <= n rewards and the real final observation, when the episode ends;
-    discount gamma^k, or 0 if the episode terminated (a truncation bootstraps)."""
+    """Per-step transitions of parallel envs in, n-step ones out (dqn_prioritized.py's rules): each env's last n steps
+    in a ring; the oldest leaves with n rewards, or all at an episode's end with k <= n (discount 0 if terminated)."""
 
     def __init__(self, n: int, gamma: float, num_envs: int, obs_shape, obs_dtype, clip_reward: Optional[float] = None):
-        self.n, self.clip_reward = n, clip_reward
+        self.n, self.clip_reward, self.t = n, clip_reward, 0  # step t lives in ring slot t % n
         self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
         self.obs = np.zeros((n, num_envs) + tuple(obs_shape), obs_dtype)
         self.action = np.zeros((n, num_envs), np.int64)
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
-        self.t = 0  # steps pushed so far; step s lives in ring slot s % n
-
-    def _emit(self, envs, ages: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> dict:
-        """Transitions of `envs` that started `ages` steps before the latest step."""
-        first = self.t - 1 - ages
-        k = ages + 1  # rewards in each transition
-        offsets = np.arange(self.n)
-        rewards = self.reward[(first[:, None] + offsets) % self.n, np.reshape(envs, (-1, 1))]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1)
-        return {
-            "obs": self.obs[first % self.n, envs],
-            "action": self.action[first % self.n, envs],
-            "reward": ret.astype(np.float32),
-            "next_obs": next_obs,
-            "discount": (self.powers[k] * (1.0 - terminated)).astype(np.float32),
-        }
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """Add one vector step (next_obs: the real final observation where done); returns the
-        transitions it completes, as new arrays, or None."""
+        """One vector step (next_obs: the real final observation where done) in; the rows it completes out, or None."""
         if self.clip_reward is not None:
             reward = np.clip(reward, -self.clip_reward, self.clip_reward)
         slot = self.t % self.n
@@ -316,57 +263,34 @@ class NStepAssembler:
         self.t += 1
         done = terminated | truncated
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        full = (self.pending == self.n) & ~done
-        parts = []
-        if full.any():
-            envs = np.flatnonzero(full)
-            parts.append(self._emit(envs, np.full(envs.size, self.n - 1), next_obs[envs], np.zeros(envs.size)))
-        if done.any():
-            ended = np.flatnonzero(done)
-            envs = np.repeat(ended, self.pending[ended])
-            ages = np.concatenate([np.arange(self.pending[i]) for i in ended])
-            parts.append(self._emit(envs, ages, next_obs[envs], terminated[envs].astype(np.float64)))
-            self.pending[ended] = 0
-        return concat(parts) if parts else None
-
-
-def concat(parts: list) -> dict:
-    """Dicts of arrays joined key by key."""
-    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
+        envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
+        ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
+        self.pending[ended] = 0
+        if not envs.size:
+            return None
+        first, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # first: the oldest slot
+        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
+        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
+        discount = (self.powers[k] * (1.0 - terminated[envs])).astype(np.float32)
+        return dict(zip(ROW, (self.obs[first, envs], self.action[first, envs], ret, next_obs[envs], discount)))
 
 
 class PrioritizedReplay:
-    """Proportional prioritized replay (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer,
-    filled by the actors' chunks.
-
-    The PER rules, and where they are:
-      * new transitions enter with the actor's p = |delta| (Ape-X), not max_j p_j     (add)
-      * P(i) = p_i^alpha / sum_j p_j^alpha, one stratified draw of B per minibatch (sample)
-      * w_i = (N P(i))^-beta / max_{j in minibatch} w_j                            (sample)
-      * after learning, p_i = |delta_i| + eps                                      (update_priorities)
-    As in dqn_prioritized.py: one lock for the three threads that touch cpprb (the loop adds, the
-    prefetch thread samples, the writer thread updates), and write_count[slot] so that a |TD|
-    computed for an overwritten slot never lands on the transition that replaced it.
-    """
-
-    KEYS = ("obs", "action", "reward", "next_obs", "discount")
+    """Proportional PER (Schaul et al. 2016) on cpprb's PrioritizedReplayBuffer, the docstring's rules: new rows at
+    the actor's p = |delta|, not max_j p_j (add); P(i) and w_i, one stratified draw per minibatch (sample); p_i after
+    learning (update_priorities). One lock (cpprb is not thread-safe); write_count[slot] counts overwrites, so that
+    no stale |TD| lands on a new row."""
 
     def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float):
         self.capacity, self.prioritized = capacity, alpha > 0
-        self.shapes = {
-            "obs": tuple(obs_shape),
-            "next_obs": tuple(obs_shape),
-            "action": (),
-            "reward": (),
-            "discount": (),
-        }
-        self.dtypes = {"obs": obs_dtype, "next_obs": obs_dtype, "action": np.int64}
-        self.dtypes.update(reward=np.float32, discount=np.float32)
-        spec = {k: {"shape": self.shapes[k] or 1, "dtype": self.dtypes[k]} for k in self.KEYS}  # cpprb: 1, not ()
-        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, spec, alpha=alpha, eps=eps)
+        obs = (tuple(obs_shape), obs_dtype)
+        self.spec = dict(zip(ROW, (obs, ((), np.int64), ((), np.float32), obs, ((), np.float32))))
+        cpprb_spec = {k: {"shape": shape or 1, "dtype": dtype} for k, (shape, dtype) in self.spec.items()}  # 1, not ()
+        self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
-        self.priority = np.zeros(capacity, np.float64)
+        self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
         self.beta = 0.4  # set by the loop; read by whoever samples
 
     def add(self, rows: dict, priorities: np.ndarray) -> None:
@@ -376,14 +300,12 @@ class PrioritizedReplay:
             raise RunFailed("an actor sent non-finite priorities: its parameters diverged")
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(len(priorities))) % self.capacity
-            self.buffer.add(**{k: rows[k] for k in self.KEYS}, priorities=priorities)
+            self.buffer.add(**{k: rows[k] for k in ROW}, priorities=priorities)
             np.add.at(self.write_count, slots, 1)
             self.priority[slots] = priorities
 
     def sample(self, batch_size: int, num_batches: int) -> Tuple[dict, np.ndarray, np.ndarray]:
-        """num_batches minibatches, each its own stratified draw over the whole buffer (PER's rule
-        per minibatch; see dqn_prioritized.py), flat. Returns (batch with 'weights', slots, their
-        write counts)."""
+        """(num_batches minibatches of B rows flat with IS 'weights', slots, write counts), each its own PER draw."""
         beta = self.beta
         with self.lock:
             draws = []
@@ -392,19 +314,17 @@ class PrioritizedReplay:
                 # cpprb returns indexes and weights in arrays that its next sample() overwrites.
                 draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
                 draws.append(draw)
-            batch = concat(draws)
+            batch = {k: np.concatenate([d[k] for d in draws]) for k in draws[0]}
             indexes = batch.pop("indexes")
             stamps = self.write_count[indexes]
-        batch["action"] = batch["action"].reshape(-1)
-        for key in ("reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(-1).astype(np.float32)
+        for key in ("action", "reward", "discount"):  # cpprb's [N, 1], dtypes as stored (weights: float32)
+            batch[key] = batch[key].reshape(-1)
         weights = batch["weights"].reshape(num_batches, batch_size)  # w_i / max_{j in minibatch} w_j
         batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
         return batch, indexes, stamps
 
     def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
-        """p_i = |delta_i| (+ eps) where the slot still holds the sampled transition; returns the
-        rows kept."""
+        """p_i = |delta_i| (+ eps) where the slot still holds the sampled row; returns the rows kept."""
         with self.lock:
             fresh = self.write_count[indexes] == stamps
             if fresh.any():
@@ -421,36 +341,31 @@ class PrioritizedReplay:
             return float(self.buffer.get_max_priority())
 
     def state_dict(self) -> dict:
-        """Flat arrays, named as in the checkpoint file."""
         with self.lock:
             stored = self.buffer.get_stored_size()
             rows = self.buffer.get_all_transitions() if stored else {}
-            state = {
-                f"replay/{k}": rows.get(k, np.zeros((0,) + (self.shapes[k] or (1,)), self.dtypes[k])) for k in self.KEYS
-            }
+            state = {f"replay/{k}": rows.get(k, np.zeros((0,) + (s or (1,)), d)) for k, (s, d) in self.spec.items()}
             state["replay/priority"] = self.priority[:stored].copy()
             state["replay/next_index"] = np.asarray(self.buffer.get_next_index(), np.int64)
         return state
 
     def load_state_dict(self, arrays: dict, path: str, num_actions: int) -> None:
-        """Check every array against this replay's layout (the file may be hostile), then rebuild
-        cpprb slot by slot, so that the rows, their priorities and the insert position match."""
+        """Rebuild cpprb from a checked file (maybe hostile): the same slots, priorities and insert position."""
         require("replay/priority" in arrays, f"{path} holds no replay (an earlier --no-checkpoint-replay): start anew")
         prio = arrays["replay/priority"]
         stored = len(prio) if prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
         get = functools.partial(checked_array, arrays, path=path)
         prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
-        data = {
-            key: get(f"replay/{key}", (stored,) + (self.shapes[key] or (1,)), self.dtypes[key]) for key in self.KEYS
-        }
-        require(np.all((prio >= 0) & (prio <= 1e30)), f"{path}: replay priorities out of range [0, 1e30]")
+        data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), d) for key, (s, d) in self.spec.items()}
         full = stored == self.capacity
-        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
-        require(np.all((data["action"] >= 0) & (data["action"] < num_actions)), f"{path}: replay actions out of range")
-        require(
-            np.all((data["discount"] >= 0) & (data["discount"] <= 1)), f"{path}: replay discounts out of range [0, 1]"
-        )
+        for ok, what in (
+            (np.all((prio >= 0) & (prio <= 1e30)), "priorities"),
+            (0 <= k < self.capacity and (k == stored or full), "next_index"),
+            (np.all((data["action"] >= 0) & (data["action"] < num_actions)), "actions"),
+            (np.all((data["discount"] >= 0) & (data["discount"] <= 1)), "discounts"),
+        ):
+            require(ok, f"{path}: replay {what} out of range")
         with self.lock:
             self.buffer.clear()
             if stored:
@@ -472,19 +387,16 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:
-    """The update's direction, without its step size: the learner's pace is not tied to the env
-    steps (it runs free, or waits for data), so the learning rate, annealed over env steps as
-    beta is, is an input of each update call (make_update) rather than a schedule of SGD steps."""
-    if args.optimizer == "rmsprop":  # centred RMSProp, eps outside the root
-        step = optax.scale_by_stddev(decay=args.rmsprop_decay, eps=args.rmsprop_eps, eps_in_sqrt=False)
+    """The update's direction; the learning rate, annealed over env steps received, is an input of each update."""
+    if args.optimizer == "rmsprop":  # Ape-X's centred RMSProp, eps outside the root
+        step = optax.scale_by_stddev(decay=0.95, eps=1.5e-7, eps_in_sqrt=False)
     else:
         step = optax.scale_by_adam(eps=args.adam_eps)
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), step)
 
 
 def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array, jax.Array]:
-    """(delta_i, Q(s_i, a_i)): double-Q n-step TD errors. The learner's loss and the actors'
-    initial priorities both come from here, so the two cannot disagree on what |delta| is."""
+    """(delta_i, Q(s_i, a_i)): double-Q n-step TD errors, for the loss and the actors' initial priorities alike."""
     q_sa = jnp.take_along_axis(q_apply(params, batch["obs"]), batch["action"][:, None], axis=1)[:, 0]
     a_star = jnp.argmax(q_apply(jax.lax.stop_gradient(params), batch["next_obs"]), axis=1)  # selects; no gradient
     q_next = jnp.take_along_axis(q_apply(target_params, batch["next_obs"]), a_star[:, None], axis=1)[:, 0]
@@ -493,9 +405,8 @@ def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array,
 
 
 def huber(x: jax.Array, delta: float) -> jax.Array:
-    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2), one branch each so that the gradient is
-    x or delta sign(x) exactly; rlax's and optax's 0.5 q^2 + delta (|x| - q), q = min(|x|, delta), add
-    x to delta in float32, so their gradient is 0 below half a float32 step of delta (0.03 at 1e6)."""
+    """0.5 x^2 for |x| <= delta, else delta (|x| - delta / 2): its gradient is exact, where rlax's and optax's
+    form adds x to delta in float32 and so has a zero gradient below half a float32 step of delta."""
     return jnp.where(jnp.abs(x) <= delta, 0.5 * x**2, delta * (jnp.abs(x) - 0.5 * delta))
 
 
@@ -507,8 +418,7 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
 
 
 def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
-    """jit(state, batches[K, B, ...], lr) -> (state, metrics, |TD|[K, B]): K SGD steps in one call
-    (a lax.scan, or unrolled for convolutions on CPU, which XLA runs slower inside a loop)."""
+    """jit(state, batches[K, B, ...], lr) -> (state, metrics, |TD|[K, B]): K SGD steps in one call."""
 
     def sgd_step(state: TrainState, batch: dict, lr):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -517,19 +427,11 @@ def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
         params = optax.apply_updates(state.params, jax.tree_util.tree_map(lambda d: -lr * d, direction))
         sgd_steps = state.sgd_steps + 1
         target_params = optax.periodic_update(params, state.target_params, sgd_steps, args.target_network_frequency)
-        # Non-finite new parameters report NaN priorities: the priority writer stops the run.
-        td = jnp.where(jnp.isfinite(optax.global_norm(params)), td, jnp.nan)
+        td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)  # non-finite params: NaN stops the run
         return TrainState(params, target_params, opt_state, sgd_steps), (loss, q_mean, td)
 
     def update(state: TrainState, batches: dict, lr):
-        if unroll:
-            steps = []
-            for k in range(batches["action"].shape[0]):
-                state, out = sgd_step(state, jax.tree_util.tree_map(lambda x, k=k: x[k], batches), lr)
-                steps.append(out)
-            loss, q_mean, td = (jnp.stack(column) for column in zip(*steps))
-        else:
-            state, (loss, q_mean, td) = jax.lax.scan(lambda st, b: sgd_step(st, b, lr), state, batches)
+        state, (loss, q_mean, td) = jax.lax.scan(lambda st, b: sgd_step(st, b, lr), state, batches, unroll=unroll)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     return jax.jit(update, donate_argnums=0)
@@ -546,8 +448,7 @@ def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> Tra
 
 
 def make_act(q_apply, num_actions: int):
-    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy (one uniform per env
-    decides whether to explore and, rescaled, which action)."""
+    """jit(params, obs[N], epsilon, key, step) -> actions[N], epsilon-greedy: one uniform per env, rescaled."""
 
     def act(params, obs, epsilon, key, step):
         u = jax.random.uniform(jax.random.fold_in(key, step), (obs.shape[0],))
@@ -559,29 +460,26 @@ def make_act(q_apply, num_actions: int):
 
 
 def actor_epsilon(i: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Ape-X's exploration ladder: epsilon_i = base^(1 + alpha i / (N - 1)), from base (actor 0)
-    down to base^(1 + alpha) (actor N - 1: 0.4^8 = 0.00066). One actor explores with base."""
+    """Ape-X's ladder epsilon_i = base^(1 + alpha i / (N - 1)): 0.4 down to 0.4^8 = 0.00066; one actor: base."""
     return base ** (1.0 + alpha * i / (num_actors - 1)) if num_actors > 1 else base
 
 
 class Actor:
-    """One Ape-X actor: its own vector env, its own epsilon, its own n-step assembly, and a copy
-    of the learner's parameters. Ray runs it as an actor process (remote_actor_class);
-    tests call it directly.
-
-    collect() steps the envs until a chunk of at least --chunk-size n-step transitions is ready,
-    then computes their priorities |delta| with its copy of the online and target networks, and
-    returns them with the episodes that ended. Its argument is a one-element list holding the
-    learner's latest (version, (params, target_params)), or a Ray reference to it: inside a list,
-    Ray does not fetch it, so an actor pays for the transfer only when its sync is due.
-    """
+    """One Ape-X actor (a Ray actor, or called directly): its own envs, epsilon and n-step assembly. collect(latest)
+    returns a chunk of >= --chunk-size transitions, their |delta| and the episodes ended; latest: [(version, (params,
+    target_params))] or [a Ray reference to it], not fetched inside a list until the actor's sync is due."""
 
     def __init__(self, args: Args, index: int, num_actors: int, seed: int):
+        import ray
+
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # tiny calls: see dqn_prioritized.py
-        if restarted_by_ray():  # a new process for one that died: not the same episodes and draws again
+        with warnings.catch_warnings():  # Ray 2.60 warns about its own deprecated actor_id inside this
+            warnings.simplefilter("ignore")
+            restarted = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:  # Ray started this process again after the last one died: not the same episodes and draws
             seed = int(np.random.SeedSequence([seed, os.getpid()]).generate_state(1)[0] % 2**31)
         self.args = args
-        self.epsilon = actor_epsilon(index, num_actors, args.actor_epsilon_base, args.actor_epsilon_alpha)
+        self.epsilon = actor_epsilon(index, num_actors)
         self.envs = make_env(args.env_id, args.num_envs)
         space, num_actions = self.envs.single_observation_space, int(self.envs.single_action_space.n)
         self.first = int(self.envs.single_action_space.start)  # Discrete(n, start): index i is action first + i
@@ -589,51 +487,44 @@ class Actor:
         self.act = make_act(network.apply, num_actions)
         self.td = jax.jit(functools.partial(double_q_td, network.apply))
         self.nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, space.shape, space.dtype, args.clip_reward)
-        # Rows per chunk, padded to one size so that the priority function compiles once: a step
-        # can end every env's episode and emit n rows per env.
+        # Chunks padded to one size (a step can emit n rows per env), so the priority function compiles once.
         self.padded = args.chunk_size - 1 + args.num_envs * args.n_step
         self.key = jax.random.PRNGKey(seed)
         self.envs.action_space.seed(seed)
         self.obs, _ = self.envs.reset(seed=seed)
-        self.steps, self.since_sync, self.params, self.version = 0, math.inf, None, -1
+        self.steps, self.synced_at, self.params, self.version = 0, -float("inf"), None, -1
         self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         self.lives = None
 
     def collect(self, latest: list) -> dict:
         args, steps_before = self.args, self.steps
-        if self.since_sync >= args.param_sync_every:  # copy the learner's parameters
-            params = latest[0]
-            if not isinstance(params, tuple):  # a Ray reference: fetched only now
-                import ray
+        if self.steps - self.synced_at >= args.param_sync_every:  # the learner's parameters (a Ray reference: fetch)
+            import ray
 
-                params = ray.get(params)
-            self.version, self.params = params
-            self.since_sync = 0
+            self.version, self.params = latest[0] if isinstance(latest[0], tuple) else ray.get(latest[0])
+            self.synced_at = self.steps
         online, target = self.params
         parts, rows, episodes = [], 0, []
         while rows < args.chunk_size:
             actions = np.asarray(self.act(online, self.obs, np.float32(self.epsilon), self.key, np.int32(self.steps)))
             next_obs, reward, terminated, truncated, info = self.envs.step(actions + self.first)
             done = terminated | truncated
-            ends_return = terminated
-            if args.terminal_on_life_loss:  # ALE: a lost life ends the return
-                lost, self.lives = lost_life(info, self.lives, done)
-                ends_return = terminated | lost
-            out = self.nstep.push(
-                self.obs, actions, reward, real_next_obs(next_obs, done, info), ends_return, truncated
-            )
+            lives = info.get("lives")  # ALE: a life lost while the game goes on may end the return for learning
+            lost = (lives < self.lives) & ~done if lives is not None and self.lives is not None else np.zeros_like(done)
+            ends_return = terminated | (lost & args.terminal_on_life_loss)
+            self.lives = lives
+            reached = real_next_obs(next_obs, done, info)
+            out = self.nstep.push(self.obs, actions, reward, reached, ends_return, truncated)
             if out is not None:
                 parts.append(out)
                 rows += len(out["action"])
             self.ep_return += reward
             self.ep_length += 1
-            for i in np.flatnonzero(done):
-                episodes.append((float(self.ep_return[i]), int(self.ep_length[i])))
+            episodes += [(float(self.ep_return[i]), int(self.ep_length[i])) for i in np.flatnonzero(done)]
             self.ep_return[done], self.ep_length[done] = 0.0, 0
             self.obs = next_obs
             self.steps += 1
-            self.since_sync += 1
-        chunk = concat(parts)
+        chunk = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         padded = {key: np.resize(v, (self.padded,) + v.shape[1:]) for key, v in chunk.items()}
         td, _ = self.td(online, target, padded)
         return {
@@ -659,30 +550,11 @@ def is_planes(space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
-def flatten_hint(space) -> str:
-    """The gymnasium wrapper that would make `space` a vector, if one can."""
-    if space.is_np_flattenable:
-        return "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
-    return "write a gymnasium.ObservationWrapper that returns a Box vector"
-
-
-def is_image(space) -> bool:
-    """uint8 images, grey (H, W) or RGB (H, W, 3), told by the space, never by the env's name."""
-    shape = getattr(space, "shape", None) or ()
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and (len(shape) == 2 or shape[2:] == (3,))
-
-
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """The env factory: a synchronous vector env in SAME_STEP autoreset mode (the step that
-    ends an episode returns the next one's first observation and the real last one in
-    info["final_obs"]); images get Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing
-    (up to 30 no-ops, action repeat 4 with a max over 2 frames) and 108k-frame episodes."""
-    try:
-        import ale_py  # registers the ALE ids
-
-        gym.register_envs(ale_py)
-    except ImportError:
-        pass
+    """Sync vector envs in SAME_STEP autoreset mode (the real last observation in info["final_obs"]); images get
+    Nature DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing (30 no-ops, 4 frames a step), 108k frames."""
+    with contextlib.suppress(ImportError):
+        import ale_py  # noqa: F401 (registers the ALE ids)
     try:
         if env_id.startswith("MinAtar/") and env_id not in gym.registry:
             import minatar.gym
@@ -695,40 +567,36 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
         raise ConfigError(f"cannot make env {env_id!r}: {first_line(e)}") from None
     space, ale = probe.observation_space, hasattr(probe.unwrapped, "ale")
     probe.close()
-    vector = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+    box = isinstance(space, gym.spaces.Box)
+    vector = box and len(space.shape) == 1
+    image = box and space.dtype == np.uint8 and (len(space.shape) == 2 or space.shape[2:] == (3,))  # grey or RGB
     require(isinstance(probe.action_space, gym.spaces.Discrete), f"{env_id}: DQN needs Discrete actions (SAC: sac.py)")
-    takes = f"this script takes vectors, uint8 images or bool planes: {flatten_hint(space)}"
-    require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
+    hint = "wrap it in gymnasium.wrappers.FlattenObservation (a vector env: wrappers.vector.FlattenObservation)"
+    hint = hint if space.is_np_flattenable else "write a gymnasium.ObservationWrapper that returns a Box vector"
+    takes = f"this script takes vectors, uint8 images or bool planes: {hint}"
+    require(vector or image or is_planes(space), f"{env_id} has observations {space}; {takes}")
     wrappers, kwargs = [], {}
-    if is_image(space) and ale:
+    if image and ale:
         wrappers = [functools.partial(gym.wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)]
         kwargs = {"frameskip": 1, "max_num_frames_per_episode": 108_000}
-    elif is_image(space):
+    elif image:
         grey = [gym.wrappers.GrayscaleObservation] if len(space.shape) == 3 else []
         wrappers = grey + [functools.partial(gym.wrappers.ResizeObservation, shape=(84, 84))]
-    if is_image(space):
+    if image:
         stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
         wrappers.append(stack)
     if video is not None:
+        kwargs["render_mode"] = "rgb_array"
         if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # headless rendering
             os.environ.setdefault("MUJOCO_GL", "egl")
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-        kwargs["render_mode"] = "rgb_array"
-        filmed = []  # make_vec builds sub-env 0 first: film its first episode only
-
-        def film(env):
-            filmed.append(env)
-            if len(filmed) > 1:
-                return env
-            with warnings.catch_warnings():  # videos/ holds the earlier evaluations' files, which stay
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                return gym.wrappers.RecordVideo(env, video[0], lambda episode: episode == 0, name_prefix=video[1])
-
-        wrappers.append(film)
-    autoreset = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    return gym.make_vec(
-        env_id, num_envs, vectorization_mode="sync", wrappers=wrappers, vector_kwargs=autoreset, **kwargs
-    )
+    sync = dict(vectorization_mode="sync", vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    envs = gym.make_vec(env_id, num_envs, wrappers=wrappers, **sync, **kwargs)
+    if video is not None:  # the first episode of sub-env 0; videos/ keeps the earlier evaluations' files
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            envs.envs[0] = gym.wrappers.RecordVideo(envs.envs[0], video[0], lambda e: e == 0, name_prefix=video[1])
+    return envs
 
 
 def real_next_obs(next_obs, done, info):
@@ -741,28 +609,9 @@ def real_next_obs(next_obs, done, info):
     return real
 
 
-def lost_life(info, lives, done):
-    """(envs that lost a life without ending the game this step, the lives now)."""
-    if "lives" not in info:
-        return np.zeros_like(done), None
-    now = np.asarray(info["lives"])
-    return ((now < lives) & ~done if lives is not None else np.zeros_like(done)), now
-
-
-def host_device():
-    """Where the learner evaluates: the host CPU (a round trip to an accelerator every env step costs
-    more than the network), or the default device if JAX was started without the CPU."""
-    try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return jax.devices()[0]
-
-
 def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
-    """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
-    every time; an evaluation a signal cuts short returns None."""
-    envs = env_fn(episodes, video=video)
-    try:
+    """Returns of whole games (unclipped) on parallel envs, the same seeds each time; None if a signal cuts it short."""
+    with contextlib.closing(env_fn(episodes, video=video)) as envs:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
         returns, running, t, first = np.zeros(episodes), np.ones(episodes, bool), 0, int(envs.single_action_space.start)
@@ -775,21 +624,15 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
             running &= ~(terminated | truncated)
             t += 1
         return returns
-    finally:
-        envs.close()
 
 
 # ---------------------------------------------------------------------------------------------- RAY
 
 
 def start_ray(args: Args) -> bool:
-    """Join --ray-address, or start a local Ray on this machine only; True if this process started
-    (and must stop) it. A Ray already initialised in this process (a notebook, a test) is used."""
+    """Join --ray-address, start a local Ray or use the one this process has; True if it must stop it."""
     if args.ray_address is None and "ray" not in sys.modules:
-        # Ray gives a node the address other machines reach it at, even a local instance, and binds
-        # its servers there; with this variable, which Ray reads when it is first imported, the node
-        # address is the loopback one and nothing listens beyond this machine (Ray's own switch for
-        # laptops). So ray is imported inside the functions that use it, never at the top.
+        # Read when ray is first imported (so only inside functions): a local node binds 127.0.0.1 only.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
@@ -810,41 +653,16 @@ def start_ray(args: Args) -> bool:
             raise ConfigError(f"--num-actors {resolved_actors(args)}, but the cluster has {cpus:g} CPUs")
         return False
     try:
-        # Ray starts its servers with fork + exec, about which Python warns once jax has threads;
-        # the exec follows at once, so no thread state is inherited.
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        ray.init(
-            address="local",  # a new Ray, even where RAY_ADDRESS names another
-            # Every actor must be scheduled even beyond the cores (an oversubscribed laptop run).
-            num_cpus=max(os.cpu_count() or 1, resolved_actors(args) + 1),
-            include_dashboard=False,
-            configure_logging=False,
-        )
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)  # Ray forks and execs at once
+        num_cpus = max(os.cpu_count() or 1, resolved_actors(args) + 1)  # every actor placed, even beyond the cores
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False)  # a new one
     except Exception as e:
         raise RunFailed(f"could not start a local Ray ({first_line(e)})") from None
     return True
 
 
-def node_address() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def restarted_by_ray() -> bool:
-    """Whether this process is a Ray actor that Ray started again after its process died."""
-    import ray
-
-    if not ray.is_initialized():
-        return False
-    with warnings.catch_warnings():  # Ray 2.60 warns about its own deprecated actor_id inside this
-        warnings.simplefilter("ignore")
-        return ray.get_runtime_context().was_current_actor_reconstructed
-
-
 def reachable(address: str, timeout: float = 10.0) -> None:
-    """A ConfigError unless something accepts connections at HOST:PORT: Ray itself retries an
-    address that does not answer for minutes before it gives up."""
+    """A ConfigError unless something accepts connections at HOST:PORT (Ray retries a dead address for minutes)."""
     host, _, port = address.rpartition(":")
     if address == "auto" or address.startswith("ray://") or not port.isdigit():
         return  # 'auto' reads a local file, Ray Client has its own timeout; ray.init reports these
@@ -855,8 +673,7 @@ def reachable(address: str, timeout: float = 10.0) -> None:
 
 
 def resolved_actors(args: Args) -> int:
-    """--num-actors, with -1 as one actor per core the learner leaves free, at least 2 (so that
-    the epsilon ladder has two rungs)."""
+    """--num-actors; -1: one per core the learner leaves free, at least 2 (two rungs of the epsilon ladder)."""
     if args.num_actors != -1:
         return args.num_actors
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -873,25 +690,18 @@ def kill_actors(actors: list) -> None:
 
 
 def remote_actor_class():
-    """Actor as a Ray actor class: restarted by Ray whenever its process dies (max_restarts=-1), and
-    the request in flight then runs again on the new process (max_task_retries=-1), so the learner
-    keeps no bookkeeping of its own. Actors act on the CPU (JAX_PLATFORMS=cpu): the learner keeps
-    the accelerator."""
+    """Actor as a Ray actor on the CPU, restarted with its request in flight whenever its process dies."""
     import ray
 
-    if __name__ != "__main__":
-        # Imported as a module (tests, a user's code): send the code to the workers by value, as
-        # Ray does for a script, so that they need not find this file on their path.
+    if __name__ != "__main__":  # imported (tests, a user's code): the workers get the code by value, as a script's
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     env = {"JAX_PLATFORMS": "cpu"}
     return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1, runtime_env={"env_vars": env})(Actor)
 
 
 # -------------------------------------------------------------------------------------------- FILES
-# checkpoint.npz and model.npz are .npz files read with allow_pickle=False, so loading one runs no
-# code. Member meta.json holds the format, the counters and the flags; every other member is one
-# array named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs", ...), checked
-# for name, shape, dtype and range against what this script builds before any of it is used.
+# checkpoint.npz and model.npz, read with allow_pickle=False: meta.json (format, counters, flags) and one array per
+# leaf named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs"), each checked before use.
 
 
 def require(ok, message: str) -> None:
@@ -900,15 +710,10 @@ def require(ok, message: str) -> None:
 
 
 def require_memory(nbytes: int, what: str, device: bool = False) -> None:
-    """Refuse before allocating what this machine's RAM (a replay) or, with device=True, also its
-    device's memory where the device reports it (the networks, the batches) cannot hold."""
+    """Refuse before allocating what the RAM (a replay), or with device=True the device too, cannot hold."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram)) if device else ram
     require(nbytes < limit, f"{what}: {nbytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB here")
-
-
-def tree_bytes(tree) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
 
 
 def first_line(error: BaseException) -> str:
@@ -917,8 +722,7 @@ def first_line(error: BaseException) -> str:
 
 
 def write_atomic(path: str, write) -> None:
-    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
-    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    """write(file) to a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -957,18 +761,12 @@ def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[i
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
-    path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
-    require(os.path.isfile(path), f"no such file: {path}")
-    with open(path, "rb") as f:
-        old = f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)"
-        require(f.read(1) != b"\x80", old)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
         meta = json.loads(arrays.pop("meta.json").tobytes())
-    except Exception as e:  # a cut-short zip, an object array, no meta.json, ...
+    except Exception as e:  # no file, a pickle, a cut-short zip, an object array, no meta.json, ...
         raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
-    require(all(isinstance(v, np.ndarray) for v in arrays.values()), f"{path} has a member that is not an array")
     ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
     require(ours, f"{path} is not a {kind} written by {SCRIPT}.py (format {FORMAT})")
     return meta, arrays
@@ -989,51 +787,22 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
-def restore_tree(template, arrays: dict, prefix: str, path: str):
-    """The arrays named prefix* in the structure of `template`, each checked, none left over."""
-    wanted = tree_arrays(prefix, template)
-    leaves = [checked_array(arrays, name, like.shape, like.dtype, path) for name, like in wanted.items()]
-    extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
-    require(
-        not extra, f"{path}: unexpected array {extra[0] if extra else ''} (other --hidden-sizes, --dueling or env?)"
-    )
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
-
-
 def args_from_json(saved, where: str = "") -> Args:
-    """Flags from JSON (a run folder's, maybe hostile, or the command line's): each of its type and in
-    its range, and the checks between flags, or one ConfigError naming the first bad flag."""
+    """Flags from JSON (a run folder's, maybe hostile, or the command line's), or a ConfigError on the first bad one."""
     try:
-        args = pydantic.TypeAdapter(Args).validate_json(json.dumps(saved, default=json_value))
+        text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
+        args = pydantic.TypeAdapter(Args).validate_json(text)
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
         message = f"{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}"
         raise ConfigError(f"{where}: {message}" if where else message) from None
-    between = (
+    for ok, message in (
         (args.batch_size <= args.buffer_size, f"--batch-size {args.batch_size} exceeds --buffer-size"),
         (args.learning_starts >= args.batch_size, "--learning-starts must be at least --batch-size"),
         (args.num_actors != 0, "--num-actors must be positive or -1 (as the cores allow)"),
-    )
-    for ok, message in between:
-        if not ok:
-            raise ConfigError(f"{where}: {message}" if where else message)
-    return args
-
-
-def json_value(value):
-    """numpy scalars and paths in Args built in Python: as JSON has them."""
-    return value.item() if isinstance(value, np.generic) else str(value)
-
-
-def check_args(args: Args) -> Args:
-    """args_from_json's checks, then the optional packages the flags ask for."""
-    args = args_from_json(dataclasses.asdict(args))
-    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
-        try:
-            getattr(args, flag) and __import__(package)
-        except ImportError:
-            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    ):
+        require(ok, f"{where}: {message}" if where else message)
     return args
 
 
@@ -1041,9 +810,7 @@ def check_args(args: Args) -> Args:
 
 
 class Logger:
-    """Tensorboard events through tensorboard's record writer, written on this thread into a buffered file
-    flushed at each log tick (its EventFileWriter's thread cost 12%: docs/benchmarks.md, Speed), eval.csv, and with
-    --track the same scalars in Weights & Biases, its run id the folder's name so that a resume continues it."""
+    """Tensorboard events (written on this thread, flushed per log tick: docs/benchmarks.md), eval.csv, W&B."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -1054,16 +821,10 @@ class Logger:
             import wandb
 
             name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
+            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    config=config,
-                    name=name,
-                    id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:],
-                    dir=run_dir,
-                    resume="allow",
-                )
+                self.wandb = wandb.init(**where, config=config, name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -1101,27 +862,21 @@ class Logger:
 
 
 def open_run_dir(args: Args) -> str:
-    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
-    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
-    run_dir = (
-        args.resume
-        or args.run_dir
-        or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    )
-    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
+    """A new or empty folder, or --resume's own (cut-short temp files removed); no symlink in it: no write leaves."""
+    default = f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    run_dir = args.resume or args.run_dir or default
     try:
         os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # a file there too
         raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
+            if folder == run_dir and ".tmp." in name:  # a write a kill cut short (only a resumed folder has any)
+                os.remove(os.path.join(folder, name))
         if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
             subfolders.remove("wandb")
-    for name in os.listdir(run_dir):
-        if ".tmp." in name and args.resume:
-            os.remove(os.path.join(run_dir, name))
     return run_dir
 
 
@@ -1147,45 +902,32 @@ def next_multiple(step: int, every: int):
     return (step // every + 1) * every if every else float("inf")
 
 
-def actor_chunk(ref, i: int) -> dict:
-    """Actor i's chunk, or one line on why it cannot come: Ray retries a request itself when the
-    actor's process died, so what reaches here is not a restart."""
-    import ray
-
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayActorError as e:
-        raise RunFailed(f"actor {i} cannot run: {first_line(e)}") from None
-    except ray.exceptions.RayTaskError as e:  # an exception inside collect(): a bug, not a fault
-        raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
-    except ray.exceptions.RayError as e:  # Ray itself: a lost object, a node gone, out of memory
-        raise RunFailed(f"Ray failed while getting actor {i}'s chunk: {first_line(e)}") from None
-
-
 # -------------------------------------------------------------------------------------------- TRAIN
 
 
 def train(args: Args) -> dict:
-    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there).
-    Returns a summary dict."""
-    args = check_args(args)
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there); returns a summary."""
+    args = args_from_json(dataclasses.asdict(args))  # parse_args's checks, for a caller of train() too
+    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
+        try:
+            getattr(args, flag) and __import__(package)
+        except ImportError:
+            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     env_fn = functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        probe = env_fn(1)
-        num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
-        probe.close()
-        # Ray first: a bad --ray-address then writes nothing, and the signal handlers set below come
-        # after ray.init's own SIGTERM handler, which exits at once.
+        with contextlib.closing(env_fn(1)) as probe:
+            num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         optimizer = make_optimizer(args)
         key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         row_bytes = 2 * int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize + 64  # + priorities, trees
         require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
         shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), init_key)
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(3 * tree_bytes(shapes) + batches, "the network, its copies and the batches in flight", True)
-        started_ray = start_ray(args)
+        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        started_ray = start_ray(args)  # first: a bad address writes nothing, and our signal handlers replace Ray's
         import ray
 
         if started_ray:
@@ -1194,7 +936,7 @@ def train(args: Args) -> dict:
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
         act = make_act(network.apply, num_actions)
-        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
+        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # XLA's CPU runs convolutions slower in loops
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
@@ -1210,8 +952,7 @@ def train(args: Args) -> dict:
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
         sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
-        cleanup.callback(writer.shutdown)
+        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -1223,17 +964,15 @@ def train(args: Args) -> dict:
         heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
         metrics, last_eval, lr_end = {}, "-", 0.0 if args.anneal_lr else args.learning_rate
         next_log, next_eval, next_ckpt = (
-            next_multiple(step, every) for every in (args.log_every, args.eval_every, args.checkpoint_every)
+            next_multiple(step, e) for e in (args.log_every, args.eval_every, args.checkpoint_every)
         )
         saved_step, saved_time = (step if args.resume else None), time.monotonic()
         tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
         def publish():
-            """The newest parameters in Ray's object store for the requests sent once it is there: once
-            per round of actor syncs, since each request in flight holds the copy it was sent with. The
-            copy is taken now (the next update donates the state); the writer thread waits for the
-            device and puts it in the store, so the loop does not wait."""
+            """The newest parameters into Ray's object store, once per round of actor syncs: copied now (the next
+            update donates the state), stored by the writer thread, so that the loop never waits."""
             nonlocal publishing, published_step
             copy = jax.tree_util.tree_map(jnp.copy, (state.params, state.target_params))  # on the device: no wait
             publishing = writer.submit(lambda version=sgd_done: [ray.put((version, jax.device_get(copy)))])
@@ -1259,30 +998,31 @@ def train(args: Args) -> dict:
         def evaluation(prefix: str):
             nonlocal missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+            seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
             with jax.default_device(cpu):  # the policy and its keys on the host CPU, with the current params
                 params = jax.device_put(state.params, cpu, may_alias=False)
-                returns = evaluate(
-                    act, params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped
-                )
+                returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, seed, video, stopped)
             if returns is not None:
                 logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
-        publishing, published_step, cpu = None, step, host_device()
+        try:  # evaluations act on the host CPU (a trip to an accelerator per env step costs more than the network)
+            cpu = jax.devices("cpu")[0]
+        except RuntimeError:  # JAX started without the CPU
+            cpu = jax.devices()[0]
+        publishing, published_step = None, step
         publish()
         published = publishing.result()
         for i, actor in enumerate(actors):
             pending[actor.collect.remote(published)] = i
-        where = args.ray_address or (f"local, {node_address()}" if started_ray else "already running")
+        where = args.ray_address or (f"local, {ray.util.get_node_ip_address()}" if started_ray else "already running")
         print(f"{n} actors on Ray ({where})", flush=True)
         if redo:  # the evaluation a signal cut short
             evaluation("eval")
             heard = [time.monotonic()] * n
         while step < args.total_timesteps and not stopped:
-            # STORE: every chunk that has arrived (waiting up to 0.1 s for one when there is nothing to
-            # learn), at its actor's priorities; the actor gets its next request first.
+            # STORE: the chunks arrived (up to 0.1 s wait when nothing is to learn); each actor gets a request first.
             if step - published_step >= args.param_sync_every * args.num_envs * n:
                 publish()
             published = publishing.result() if publishing.done() else published
@@ -1291,16 +1031,17 @@ def train(args: Args) -> dict:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
             for ref in ready:
                 i = pending.pop(ref)
-                chunk = actor_chunk(ref, i)
+                try:
+                    chunk = ray.get(ref)
+                except ray.exceptions.RayError as e:  # not a restart (Ray retries a request whose actor died)
+                    raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
                 pending[actors[i].collect.remote(published)] = i
                 heard[i] = time.monotonic()
                 if info[i]["pid"] != chunk["pid"]:  # a process not seen before, after the first: a restart
                     if info[i]["pid"] is not None:
                         info[i]["restarts"], restarts = info[i]["restarts"] + 1, restarts + 1
-                        print(
-                            f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost",
-                            flush=True,
-                        )
+                        back = f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost"
+                        print(back, flush=True)
                     info[i].update(pid=chunk["pid"], epsilon=chunk["epsilon"])
                     actors_json = json.dumps(info, indent=1).encode()
                     write_atomic(os.path.join(run_dir, "actors.json"), lambda f, data=actors_json: f.write(data))
@@ -1314,8 +1055,7 @@ def train(args: Args) -> dict:
             if silent:  # down, or never placed (a cluster short of CPUs)
                 raise RunFailed(f"actor {silent[0]} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
 
-            # LEARN: K SGD steps per jitted call; batches come from the prefetch thread, priorities go
-            # back on the writer thread. The learning rate is an input: it anneals over env steps received.
+            # LEARN: K SGD steps per jitted call on prefetched batches; the writer thread writes the priorities back.
             for _ in range(calls_due()):
                 if stopped:  # a signal: checkpoint now, the backlog waits for the resume
                     break
@@ -1356,8 +1096,7 @@ def train(args: Args) -> dict:
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
                 last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            minutes = (time.monotonic() - saved_time) / 60
-            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
+            if step >= next_ckpt or 0 < args.checkpoint_minutes <= (time.monotonic() - saved_time) / 60:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
         if saved_step != step:
@@ -1376,12 +1115,15 @@ def train(args: Args) -> dict:
 
 
 def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
-    """(train state, key, global step, episodes, whether an evaluation was cut short) of
-    RUN_DIR/checkpoint.npz, its replay loaded into `replay`."""
+    """(train state, key, step, episodes, an evaluation cut short?) of RUN_DIR/checkpoint.npz; its replay too."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
-    state = restore_tree(state, arrays, "train_state/", path)
+    wanted = tree_arrays("train_state/", state)  # each checked, none left over
+    leaves = [jnp.asarray(checked_array(arrays, name, x.shape, x.dtype, path)) for name, x in wanted.items()]
+    extra = next((k for k in sorted(arrays) if k.startswith("train_state/") and k not in wanted), None)
+    require(extra is None, f"{path}: unexpected array {extra} (other --hidden-sizes, --dueling or env?)")
+    state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), leaves)
     key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
@@ -1393,8 +1135,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second
-    signal interrupts at once."""
+    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second signal interrupts at once."""
     if stopped:
         raise KeyboardInterrupt
     stopped.append(signum)
@@ -1404,13 +1145,12 @@ def on_signal(stopped: list, signum, frame):
 
 
 def parse_args(argv=None) -> Args:
-    """tyro's parse; --preset swaps in the preset's defaults, --resume the run's own flags, and any
-    flag typed here wins over both. Where to write and what to send where come from here only."""
+    """tyro's parse over --preset's defaults, or --resume's run flags; where to write and send come from here only."""
     argv = sys.argv[1:] if argv is None else list(argv)
     preset = None
-    for i, token in enumerate(argv):  # the last one wins, as in tyro
-        preset = token[9:] if token.startswith("--preset=") else argv[i + 1] if token == "--preset" else preset
-    typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args())
+    for token, after in zip(argv, argv[1:] + [None]):  # the last one wins, as in tyro
+        preset = token[9:] if token.startswith("--preset=") else after if token == "--preset" else preset
+    typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **ATARI_PRESET) if preset == "atari" else Args())
     if typed.resume is None:
         return typed
     path = os.path.join(typed.resume, "args.json")
@@ -1420,18 +1160,14 @@ def parse_args(argv=None) -> Args:
             saved = json.loads(f.read())
     except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not JSON") from None
-    require(
-        isinstance(saved, dict) and saved.get("script") == SCRIPT, f"--resume {typed.resume}: not a run of {SCRIPT}.py"
-    )
+    require(isinstance(saved, dict) and saved.get("script") == SCRIPT, f"{path}: not a run of {SCRIPT}.py")
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
     local = {name: getattr(typed, name) for name in ("ray_address", "track", "wandb_project_name", "wandb_entity")}
     args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
-    require(
-        ":" not in args.env_id or args.env_id == typed.env_id,
-        f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm",
-    )
+    confirmed = ":" not in args.env_id or args.env_id == typed.env_id  # "module:Env" imports a module
+    require(confirmed, f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm")
     return args
 
 

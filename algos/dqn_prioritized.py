@@ -1163,8 +1163,8 @@ def parse_args(argv=None) -> Args:
     flag typed here wins over both. Where to write and what to send where come from here only."""
     argv = sys.argv[1:] if argv is None else list(argv)
     preset = None
-    for i, token in enumerate(argv):  # the last one wins, as in tyro
-        preset = token[9:] if token.startswith("--preset=") else argv[i + 1] if token == "--preset" else preset
+    for token, after in zip(argv, argv[1:] + [None]):  # the last one wins, as in tyro
+        preset = token[9:] if token.startswith("--preset=") else after if token == "--preset" else preset
     typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args())
     if typed.resume is None:
         return typed

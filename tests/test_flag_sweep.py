@@ -151,3 +151,11 @@ def test_every_flag_at_its_extremes_starts_or_is_refused_in_one_line(name, half,
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     print(f"{name}: {count} cases")
     assert not bad, f"{len(bad)} of {count} cases:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", ["dqn_prioritized", "apex_dqn"])
+def test_preset_as_the_last_word_is_refused_by_the_parser(name):
+    """--preset with no value after it: tyro's refusal (exit 2), not an IndexError from the preset look-ahead."""
+    with pytest.raises(SystemExit) as e:
+        load_script(name).parse_args(["--preset"])
+    assert e.value.code == 2
