@@ -207,7 +207,8 @@ def test_replay_samples_by_the_actors_priorities():
     p = (priorities + eps) ** alpha
     expected = p / p.sum()
     counts = np.bincount(indexes, minlength=30) / len(indexes)
-    np.testing.assert_allclose(counts, expected, rtol=0.15)
+    # Each slot within 5 binomial standard deviations (rtol 0.15 failed ~6% of runs at the rarest slots).
+    np.testing.assert_array_less(np.abs(counts - expected), 5 * np.sqrt(expected * (1 - expected) / len(indexes)))
     w = (30 * expected[indexes[:32]]) ** -beta
     np.testing.assert_allclose(batch["weights"][:32], w / w.max(), rtol=1e-4)
 
