@@ -169,7 +169,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """W&B team or user"""
 
-    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
 
 # --preset atari: Ape-X on Atari (Horgan et al. 2018, 4.1 and appendix; DQN's 4 frames a step, clipped rewards, 84x84x4
@@ -263,7 +263,8 @@ class NStepAssembler:
         self.t += 1
         done = terminated | truncated
         np.minimum(self.pending + 1, self.n, out=self.pending)
-        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
+        full = np.flatnonzero((self.pending == self.n) & ~done)
+        ended = np.flatnonzero(done)
         envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
         ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
         self.pending[ended] = 0
@@ -509,10 +510,11 @@ class Actor:
             actions = np.asarray(self.act(online, self.obs, np.float32(self.epsilon), self.key, np.int32(self.steps)))
             next_obs, reward, terminated, truncated, info = self.envs.step(actions + self.first)
             done = terminated | truncated
-            lives = info.get("lives")  # ALE: a life lost while the game goes on may end the return for learning
-            lost = (lives < self.lives) & ~done if lives is not None and self.lives is not None else np.zeros_like(done)
-            ends_return = terminated | (lost & args.terminal_on_life_loss)
-            self.lives = lives
+            ends_return = terminated
+            if args.terminal_on_life_loss and "lives" in info:  # ALE: a life lost while the game goes on
+                lives = np.asarray(info["lives"])
+                ends_return = terminated | ((lives < self.lives) & ~done if self.lives is not None else False)
+                self.lives = lives
             reached = real_next_obs(next_obs, done, info)
             out = self.nstep.push(self.obs, actions, reward, reached, ends_return, truncated)
             if out is not None:
@@ -765,6 +767,7 @@ def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
         meta = json.loads(arrays.pop("meta.json").tobytes())
+        require(all(isinstance(v, np.ndarray) for v in arrays.values()), "a member that is not an array")
     except Exception as e:  # no file, a pickle, a cut-short zip, an object array, no meta.json, ...
         raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
     ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
@@ -820,11 +823,11 @@ class Logger:
         if args.track:
             import wandb
 
-            name, config = os.path.basename(os.path.abspath(run_dir)), dataclasses.asdict(args)
+            name = os.path.basename(os.path.abspath(run_dir))
             run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
             where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(**where, config=config, name=name, id=run_id)
+                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")

@@ -4,6 +4,7 @@ checkpoint round trip, and whole runs on a local Ray: solving CartPole-v1 with 2
 killed with SIGKILL mid-run, resume, joining a running Ray, bad input."""
 
 import dataclasses
+import io
 import json
 import os
 import secrets
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import gymnasium as gym
 import jax
@@ -434,3 +436,18 @@ def test_bad_input_is_one_line(tmp_path, flags, message):
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("apex_dqn.py: error: ") and message in lines[0], out.stderr
+
+
+def test_a_checkpoint_member_that_is_not_an_array_and_a_flag_this_script_lacks_are_refused(tmp_path):
+    """np.load hands a zip member that is not .npy back as bytes: load_npz refuses it in one ConfigError;
+    a run folder's args.json naming a flag that is gone (--rmsprop-eps) is refused, not silently dropped."""
+    buf = io.BytesIO()
+    np.save(buf, np.frombuffer(json.dumps({"format": apex.FORMAT, "kind": "checkpoint"}).encode(), np.uint8))
+    path = tmp_path / "checkpoint.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("meta.json.npy", buf.getvalue())
+        z.writestr("key.npy", b"raw bytes, not an array")
+    with pytest.raises(apex.ConfigError, match="a member that is not an array"):
+        apex.load_npz(str(path), "checkpoint")
+    with pytest.raises(apex.ConfigError, match="rmsprop-eps"):
+        apex.args_from_json({"rmsprop_eps": 0.01})
