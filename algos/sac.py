@@ -587,6 +587,8 @@ def check_spaces(envs, env_id: str) -> None:
 
 def real_next_obs(next_obs, done, info):
     """The observation each step led to: at an episode's end, info["final_obs"] (SAME_STEP mode)."""
+    if not done.any():  # most steps: no copy
+        return next_obs
     real = next_obs.copy()
     for i in np.flatnonzero(done):
         real[i] = info["final_obs"][i]
