@@ -150,10 +150,6 @@ class Args:
     """epsilon of the evaluation policy"""
     checkpoint_every: Steps = 50_000
     """environment steps between checkpoints (0: none by steps)"""
-    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
-    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    keep_checkpoints: Count = 1
-    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
     run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
@@ -744,23 +740,6 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
     write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
 
 
-def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
-    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    try:
-        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
-            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
-            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
-        save_npz(path, meta, arrays)
-        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
-        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
-        for old in kept[: max(0, len(kept) - keep + 1)]:
-            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
-    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
-        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
-
-
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
     try:
@@ -969,7 +948,7 @@ def train(args: Args) -> dict:
         next_log, next_eval, next_ckpt = (
             next_multiple(step, e) for e in (args.log_every, args.eval_every, args.checkpoint_every)
         )
-        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        saved_step = step if args.resume else None
         tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
@@ -990,13 +969,13 @@ def train(args: Args) -> dict:
             return max(0, sgd_base + (step - learn_from) // args.train_frequency - sgd_done) // args.updates_per_call
 
         def checkpoint():
-            nonlocal saved_step, saved_time
+            nonlocal saved_step
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the replay
             arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
-            saved_step, saved_time = step, time.monotonic()
+            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            saved_step = step
 
         def evaluation(prefix: str):
             nonlocal missed
@@ -1099,7 +1078,7 @@ def train(args: Args) -> dict:
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
                 last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            if step >= next_ckpt or 0 < args.checkpoint_minutes <= (time.monotonic() - saved_time) / 60:
+            if step >= next_ckpt:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
         if saved_step != step:

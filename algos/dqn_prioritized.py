@@ -26,8 +26,6 @@ Run
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari --num-devices -1
   python algos/dqn_prioritized.py --resume runs/<run>                # continue from its checkpoint
   python tools/dqn_evaluate.py runs/<run>        # tools/: evaluate a model, write a dataset, plot a run
-Your own env: dqn_prioritized.train(Args(env_id="MyEnv"), my_envs), where my_envs(num_envs, video=None) returns
-  gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP) or the like.
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
 (CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/dqn.md.
 """
@@ -148,8 +146,6 @@ class Args:
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
-    actor_device: Literal["cpu", "learner"] = "cpu"
-    """where the policy acts: the host CPU (Acme's split), or the learner's first device"""
     # Run and output
     eval_every: Count = 10_000
     """environment steps between evaluations"""
@@ -159,10 +155,6 @@ class Args:
     """epsilon of the evaluation policy"""
     checkpoint_every: Annotated[int, Field(ge=0, lt=2**31)] = 50_000
     """environment steps between checkpoints (0: none by steps)"""
-    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
-    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    keep_checkpoints: Count = 1
-    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
     run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
@@ -576,10 +568,10 @@ def learner_shardings(args: Args) -> Shardings:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
-def actor_device(learner_devices, choice: str = "cpu"):
+def actor_device(learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
-    costs more than a small network), unless the learner is there or --actor-device learner asks for it."""
-    if choice == "learner" or learner_devices[0].platform == "cpu":
+    costs more than a small network, even Atari's CNN on a TPU: docs/dqn.md), unless the learner is there."""
+    if learner_devices[0].platform == "cpu":
         return learner_devices[0]
     try:
         return jax.devices("cpu")[0]
@@ -748,23 +740,6 @@ def write_atomic(path: str, write) -> None:
 def save_npz(path: str, meta: dict, arrays: dict) -> None:
     meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
-
-
-def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz is the newest; with keep K > 1 the one it replaces stays as checkpoint-<step>.npz
-    (a hard link, no copy), and the oldest of those go only once the new one is complete."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    try:
-        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
-            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
-            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
-        save_npz(path, meta, arrays)
-        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
-        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
-        for old in kept[: max(0, len(kept) - keep + 1)]:
-            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
-    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
-        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
@@ -1005,27 +980,33 @@ def train(args: Args, env_fn=None) -> dict:
         writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
+
+        def on_signal(signum, frame):  # the loop (or an evaluation) stops and checkpoints; a second signal: at once
+            if stopped:
+                raise KeyboardInterrupt
+            stopped.append(signum)
+
         for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+            cleanup.callback(signal.signal, s, signal.signal(s, on_signal))
         frames, lives, metrics, last_eval = replay.frames, None, {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        actor = actor_device(shardings.replicated.mesh.devices.flat, args.actor_device)
+        actor = actor_device(shardings.replicated.mesh.devices.flat)
         sgd_done, act_params = int(state.sgd_steps), actor_copy(state.params, actor)  # a resume: no lag yet
         next_log, next_eval, next_ckpt = (
             next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
         )
-        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        saved_step = step if args.resume else None
         tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
         def checkpoint():
-            nonlocal saved_step, saved_time
+            nonlocal saved_step
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the replay
             arrays = {**tree_arrays("train_state/", state), **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
-            saved_step, saved_time = step, time.monotonic()
+            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            saved_step = step
 
         def evaluation(prefix: str):
             nonlocal missed
@@ -1115,8 +1096,7 @@ def train(args: Args, env_fn=None) -> dict:
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
                 last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            minutes = (time.monotonic() - saved_time) / 60
-            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
+            if step >= next_ckpt:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
         if saved_step != step:
@@ -1146,13 +1126,6 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     rows = replay.buffer.get_stored_size()
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
     return state, step, episodes, meta.get("eval_missed") is True
-
-
-def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second signal interrupts at once."""
-    if stopped:
-        raise KeyboardInterrupt
-    stopped.append(signum)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -26,7 +26,7 @@ NO_CHECKPOINTS = ["--checkpoint-every", "0"]
 MINATAR = "--env-id MinAtar/Breakout-v1 --preset minatar --total-timesteps 50000 --eval-every 50000"
 HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
 ATARI = "--env-id ALE/Breakout-v5 --preset atari --total-timesteps 20000 --learning-starts 5000 --eval-every 20000 "
-ATARI += "--eval-episodes 1 --buffer-size 100000 --actor-device"
+ATARI += "--eval-episodes 1 --buffer-size 100000"
 PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     "dqn": [
         ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
@@ -43,10 +43,7 @@ PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     ],
     "cleanrl": [("CleanRL dqn_jax.py (its CartPole line), 100k steps", "cleanrl", "--total-timesteps 100000")],
     "sbx": [("sbx 0.28 SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sbx", "")],
-    "atari": [
-        (f"DQN ALE/Breakout-v5 --preset atari, actor on {where}, 20k steps", "dqn", f"{ATARI} {where}")
-        for where in ("cpu", "learner")
-    ],
+    "atari": [("DQN ALE/Breakout-v5 --preset atari, actor on cpu, 20k steps", "dqn", ATARI)],
 }
 PEERS = {PARTS["cleanrl"][0][0]: PARTS["dqn"][1][0], PARTS["sbx"][0][0]: PARTS["sac"][0][0]}  # peer: ours
 SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
@@ -157,8 +154,6 @@ def main() -> None:
             new.append(run(part, "DQN CartPole-v1 defaults", "dqn", "", "accelerator", seed))
     for label, kind, flags in PARTS.get(part, []):
         for platform in os.environ.get("PLATFORMS", "accelerator cpu").split():  # PLATFORMS=accelerator: one side
-            if part == "atari" and platform == "cpu" and "learner" in flags:
-                continue  # on the CPU the learner's device is the CPU
             new.append(run(part, label, kind, flags, platform))
     probe = (
         "import jax, os; print(f'{jax.devices()[0].device_kind}, host {os.cpu_count()} cores, JAX {jax.__version__}')"

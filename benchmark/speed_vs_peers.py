@@ -47,7 +47,7 @@ SAME = {
         "sbx": "sac --env-id Pendulum-v1 --total-timesteps 15000",
     },
 }
-QUIET = ["--eval-every", "10000000", "--eval-episodes", "1", "--checkpoint-every", "0", "--checkpoint-minutes", "0"]
+QUIET = ["--eval-every", "10000000", "--eval-episodes", "1", "--checkpoint-every", "0"]
 SIDES = ("ours", "before", "sbx", "cleanrl")
 
 

@@ -144,7 +144,7 @@ def run_mode(name: str, folder: str) -> dict:
     """Train on 2 devices with a checkpoint, resume that on 1 device, then the result on 2 again."""
     mod = load_script(name)
     run_dir = os.path.join(folder, name)
-    base = dict(eval_episodes=2, hidden_sizes=(32, 32), keep_checkpoints=2, run_dir=run_dir)
+    base = dict(eval_episodes=2, hidden_sizes=(32, 32), run_dir=run_dir)
     if name == "bc_offline":
         data = os.path.join(
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pendulum-sac-expert.hdf5"

@@ -29,7 +29,6 @@ def test_actor_device_rule(script):
     cpu = jax.devices("cpu")[0]
     tpu = [types.SimpleNamespace(platform="tpu", id=i) for i in range(2)]
     assert script.actor_device(tpu) is cpu  # an accelerator learns, the host CPU acts
-    assert script.actor_device(tpu, "learner") is tpu[0]  # --actor-device learner
     cpus = jax.devices("cpu")
     assert script.actor_device(cpus) is cpus[0]  # a CPU learner acts where it learns
 
@@ -109,7 +108,7 @@ def check_schedule(log):
 def test_each_step_acts_with_the_params_the_update_in_flight_started_from(script, params_of, monkeypatch, tmp_path):
     log = record_acting(monkeypatch, script, params_of)
     small = dict(total_timesteps=400, learning_starts=64, batch_size=16, updates_per_call=32, buffer_size=1000)
-    quiet = dict(eval_every=10**6, eval_episodes=2, checkpoint_every=0, checkpoint_minutes=0)
+    quiet = dict(eval_every=10**6, eval_episodes=2, checkpoint_every=0)
     script.train(script.Args(**small, **quiet, run_dir=str(tmp_path / "run")))
     check_schedule(log)
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT, load_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-QUIET = ["--checkpoint-every", "0", "--checkpoint-minutes", "0"]
+QUIET = ["--checkpoint-every", "0"]
 
 
 def events(run_dir):
