@@ -570,9 +570,7 @@ def learner_shardings(args: Args) -> Shardings:
 
 def actor_device(learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
-    costs more than a small network, even Atari's CNN on a TPU: docs/dqn.md), unless the learner is there."""
-    if learner_devices[0].platform == "cpu":
-        return learner_devices[0]
+    costs more than a small network, even Atari's CNN on a TPU: docs/dqn.md)."""
     try:
         return jax.devices("cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
