@@ -1,24 +1,22 @@
 """Behaviour cloning from offline datasets, with prioritized sampling of the data, in one file.
 
-Implements behaviour cloning (Pomerleau 1991; the offline-RL baseline of D4RL, Fu et al. 2020,
-arXiv:2004.07219, and of Emmons et al. 2021, arXiv:2112.10751), "x% BC" (the top x% of timesteps by
-their episode's return, as whole trajectories, best first: Chen et al. 2021, arXiv:2106.01345, 5.3),
-and optional proportional prioritized sampling by loss (Schaul et al. 2016, arXiv:1511.05952) on cpprb
-with IS-weighted losses, from D4RL's HDF5, Minari folders or .npz (--dataset, repeatable: the union). The
-learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread samples batches onto the device, K SGD
-steps run in one jitted call, another thread writes the priorities back; --num-devices N splits batches.
+Implements behaviour cloning (Pomerleau 1991; the offline-RL baseline of D4RL, Fu et al. 2020, arXiv:2004.07219, and
+of Emmons et al. 2021, arXiv:2112.10751), "x% BC" (the top x% of timesteps, as whole trajectories by their return:
+Chen et al. 2021, arXiv:2106.01345, 5.3), and optional proportional prioritized sampling by loss (Schaul et al. 2016,
+arXiv:1511.05952) on cpprb with IS-weighted losses, from D4RL's HDF5, Minari folders or .npz (--dataset, repeatable:
+the union). The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread samples batches onto the device, K
+SGD steps run in one jitted call, another writes the priorities back; --num-devices N splits batches.
 
-Loss per example i (the batch loss is (1/B) sum_i w_i l_i; w_i = 1 without --prioritized), on s
-normalised by the dataset's mean and std (saved with the model):
+Loss per example i, on s normalised by the dataset's mean and std (batch loss: (1/B) sum_i w_i l_i):
   discrete actions:        l_i = -log softmax(f(s_i))[a_i]                                 (cross-entropy)
   continuous, --loss mse:  l_i = sum_j (tanh(f(s_i))_j - a~_ij)^2        a~: the action scaled to [-1, 1]
   continuous, --loss nll:  l_i = -log pi(a~_i|s_i), pi = tanh(N(mu, sigma)):
                            log pi(a~) = log N(atanh(a~); mu, sigma) - sum_j log(1 - a~_j^2)
   p_i = l_i + eps; for the nll, which goes negative once sigma is small, its misfit term only,
   p_i = (1/2) sum_j ((atanh(a~_ij) - mu_ij) / sigma_ij)^2 + eps >= 0.
-  P(i) = p_i^alpha / sum_j p_j^alpha,  w_i = (N P(i))^-beta / max_j w_j (over the minibatch, or with
-  --per-weight-norm buffer the dataset), beta: --per-beta0 -> 1. Evaluation acts deterministically
-  (argmax, tanh(f(s)), tanh(mu(s))); normalised score = 100 (R - ref_min) / (ref_max - ref_min).
+  With --prioritized P(i) = p_i^alpha / sum_j p_j^alpha, w_i = (N P(i))^-beta / max_j w_j over the minibatch,
+  else w_i = 1; beta: --per-beta0 -> 1. Evaluation acts deterministically (argmax, tanh(f(s)), tanh(mu(s)));
+  normalised score = 100 (R - ref_min) / (ref_max - ref_min).
 
 Run (outputs: runs/<env_id>__bc_offline__<seed>__<time>/, arrays and JSON, no pickle; docs/offline.md)
   python algos/bc_offline.py                                  # data/pendulum-sac-expert.hdf5
@@ -108,8 +106,6 @@ class Args:
     """initial importance-sampling exponent, annealed linearly to 1"""
     per_eps: Positive = 1e-3
     """added to every priority"""
-    per_weight_norm: Literal["batch", "buffer"] = "batch"
-    """divide IS weights by their max in the minibatch (Acme, Dopamine) or in the dataset (cpprb)"""
     # Learner
     updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 50
     """SGD steps fused in one jitted call"""
@@ -128,10 +124,6 @@ class Args:
     """return of an expert, for the normalised score (default: the dataset's metadata)"""
     checkpoint_every: Annotated[int, Field(ge=0, lt=2**31)] = 10_000
     """SGD steps between checkpoints (0: none by steps)"""
-    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
-    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    keep_checkpoints: Count = 1
-    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """SGD steps between tensorboard scalars"""
     run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
@@ -182,12 +174,11 @@ class Policy(nn.Module):
 
 
 class PrioritizedDataset:
-    """Proportional PER (Schaul et al. 2016) over a fixed dataset on cpprb (the sum tree, eps, alpha), under one
-    lock (cpprb is not thread-safe); no row is overwritten, so none goes stale; priority[] mirrors cpprb's for the
-    checkpoints. At alpha = 0 (no --prioritized) numpy draws the rows uniformly, ~7x cheaper than the tree."""
+    """Proportional PER (Schaul et al. 2016) on cpprb (sum tree, eps, alpha), one lock (cpprb is not thread-safe); no
+    row is overwritten (none goes stale); priority[] mirrors cpprb's for checkpoints. Alpha 0: numpy draws uniformly."""
 
-    def __init__(self, obs, actions, alpha: float, eps: float, weight_norm: str = "batch", seed: int = 0):
-        n, self.weight_norm, self.discrete, self.beta = len(obs), weight_norm, actions.ndim == 1, 0.4
+    def __init__(self, obs, actions, alpha: float, eps: float, seed: int = 0):
+        n, self.discrete, self.beta = len(obs), actions.ndim == 1, 0.4
         self.uniform, self.obs, self.actions, self.rng = alpha == 0, obs, actions, np.random.default_rng(seed)
         spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32}}
         spec["action"] = {"shape": 1 if self.discrete else actions.shape[1], "dtype": actions.dtype}
@@ -210,9 +201,7 @@ class PrioritizedDataset:
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
         weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)
-        if self.weight_norm == "batch":
-            weights = weights / weights.max(axis=1, keepdims=True)
-        batch["weights"] = weights.reshape(-1)
+        batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)  # per minibatch, as Acme
         return batch, batch.pop("indexes").astype(np.int64)
 
     def update_priorities(self, indexes, priorities) -> None:
@@ -294,13 +283,11 @@ def make_update(policy: Policy, mode: str, optimizer, stats: ObsStats, shardings
 
 
 def learner_shardings(args: Args) -> Shardings:
-    """Data parallel over --num-devices: jit partitions the update by these shardings, the loss's
-    mean becomes per-device sums and one all-reduce, so every copy takes the whole batch's step."""
+    """Data parallel over --num-devices: jit partitions the update by these shardings (docs/multidevice.md)."""
     devices = jax.local_devices()
     n = len(devices) if args.num_devices == -1 else args.num_devices
-    require(
-        n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {', '.join(map(str, devices))}"
-    )
+    names = ", ".join(map(str, devices))
+    require(n <= len(devices), f"--num-devices {n}, but this machine has {len(devices)}: {names}")
     require(args.batch_size % n == 0, f"--batch-size {args.batch_size} does not split evenly over {n} devices")
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
@@ -334,8 +321,7 @@ MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncation
 OBS_SPACES = ("Box", "Discrete", "MultiBinary", "MultiDiscrete")  # what the policy takes, flattened
 MINARI_SPACES = {"observation_space": OBS_SPACES, "action_space": ("Box", "Discrete")}
 
-# observations [N, obs_dim] float32, actions [N] int64 (discrete) or [N, action_dim] float32, rewards [N]
-# float32, terminals [N] bool (a terminal state), timeouts [N] bool (a cut-off, or the trajectory ends here)
+# observations [N, obs_dim] float32, actions [N] int64 or [N, act_dim] float32, rewards float32, terminals/timeouts bool
 Dataset = collections.namedtuple("Dataset", "observations actions rewards terminals timeouts metadata")
 
 
@@ -345,7 +331,6 @@ def from_flat(arrays: dict, metadata: dict, path: str) -> Dataset:
     metadata = {k: v.decode() if isinstance(v, bytes) else v for k, v in metadata.items()}
     missing = [k for k in REQUIRED if k not in arrays]
     require(not missing, f"{path}: missing key(s) {', '.join(missing)}")
-    arrays = {k: np.asarray(arrays[k]) for k in REQUIRED}
     n = len(arrays["observations"])
     lengths = {k: len(v) for k, v in arrays.items()}
     require(all(v == n for v in lengths.values()), f"{path}: arrays of different lengths {lengths}")
@@ -410,14 +395,12 @@ def minari_episode(ep, where: str):
     """(T observations, actions, rewards, terminations, truncations) of an episode of T+1 observations."""
     missing = [k for k in MINARI_KEYS if k not in ep]
     require(not missing, f"{where} is missing {', '.join(missing)}")
-    dict_space = "an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
+    group = "not an array but an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
     for key in MINARI_KEYS:
-        require(key in MINARI_KEYS[2:] or not isinstance(ep[key], h5py.Group), f"{where}: {key} are {dict_space}")
-        require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is not an array")
+        require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is {group}")
         dtype = ep[key].dtype  # checked before reading: JPEG images and text are byte strings
         require(dtype.kind in "biuf", f"{where}: {key} are not numbers (dtype {dtype}; JPEG and text are not read)")
-    require(ep["actions"].ndim and ep["observations"].ndim, f"{where}: observations and actions need a time axis")
-    steps, count = ep["actions"].shape[0], ep["observations"].shape[0]
+    steps, count = len(ep["actions"]), len(ep["observations"])  # h5py: no len() of a scalar, no time axis
     require(count == steps + 1, f"{where}: {count} observations for {steps} actions (needs T+1)")
     for key in MINARI_KEYS[2:]:
         require(ep[key].shape == (steps,), f"{where}: {key} of shape {ep[key].shape}, expected {(steps,)}")
@@ -428,8 +411,7 @@ def minari_episode(ep, where: str):
 
 def read_minari(folder: str) -> Dataset:
     """A Minari folder (or its data/) as minari >= 0.5 writes it: main_data.hdf5 (episode_<id>), metadata.json."""
-    data_dir = os.path.join(folder, "data")
-    data_dir = folder if not os.path.isdir(data_dir) and os.path.isfile(f"{folder}/main_data.hdf5") else data_dir
+    data_dir = folder if os.path.isfile(f"{folder}/main_data.hdf5") else os.path.join(folder, "data")
     metadata = minari_metadata(os.path.join(data_dir, "metadata.json"))
     path = os.path.join(data_dir, "main_data.hdf5")
     require(os.path.isfile(path), f"{folder}: not a Minari dataset folder (no data/main_data.hdf5)")
@@ -449,9 +431,8 @@ def read_minari(folder: str) -> Dataset:
         theirs = f"{first} {actions0.dtype} of shape {actions0.shape[1:]}"
         require(kind == kind0, f"{where}: actions {actions.dtype} of shape {actions.shape[1:]}, {theirs}")
         truncations[-1:] |= ~terminations[-1:]  # a stored episode ends here whatever its flags say
-    steps = sum(len(p[2]) for p in parts)
-    for key, found, what in (("total_episodes", len(parts), "episodes"), ("total_steps", steps, "steps")):
-        claimed = metadata.get(key)
+    for what, found in (("episodes", len(parts)), ("steps", sum(len(p[2]) for p in parts))):
+        claimed = metadata.get(f"total_{what}")
         ok = type(claimed) is not int or claimed == found
         require(ok, f"{folder}: metadata.json says {claimed} {what}, main_data.hdf5 holds {found}")
     return from_flat({k: np.concatenate(c) for k, c in zip(REQUIRED, zip(*parts))}, metadata, folder)
@@ -473,22 +454,10 @@ def read_dataset(path: str) -> Dataset:
         value = ds.metadata.get(key)
         number = type(value) in (int, float) and abs(value) <= 1e12
         require(value is None or number, f"{path}: metadata {key} must be a number, got {value!r}")
-    env_id = ds.metadata.get("env_id")
-    ok = env_id is None or (isinstance(env_id, str) and env_id)
-    require(ok, f"{path}: metadata env_id must be a non-empty string")
-    require(":" not in (env_id or ""), f"{path}: env id {env_id!r} names a module to import; not taken from a file")
+    env_id = ds.metadata.get("env_id", "")  # "": load_training_data asks for --env-id
+    require(isinstance(env_id, str), f"{path}: metadata env_id must be a string")
+    require(":" not in env_id, f"{path}: env id {env_id!r} names a module to import; not taken from a file")
     return ds
-
-
-def concatenate(datasets: List[Dataset], paths: List[str]) -> Dataset:
-    first = datasets[0]
-    for ds, path in zip(datasets[1:], paths[1:]):
-        kinds = [(d.observations.shape[1:], d.actions.shape[1:], d.actions.dtype) for d in (first, ds)]
-        require(kinds[0] == kinds[1], f"{path}: observations/actions do not match {paths[0]}'s")
-        ids = (first.metadata.get("env_id"), ds.metadata.get("env_id"))
-        require(None in ids or ids[0] == ids[1], f"{path}: env {ids[1]} differs from {ids[0]} of {paths[0]}")
-    metadata = {k: v for ds in reversed(datasets) for k, v in ds.metadata.items()}  # the first file's values win
-    return Dataset(*(np.concatenate([getattr(ds, k) for ds in datasets]) for k in Dataset._fields[:-1]), metadata)
 
 
 def trajectory_bounds(terminals: np.ndarray, timeouts: np.ndarray) -> np.ndarray:
@@ -509,22 +478,23 @@ def top_fraction_mask(ds: Dataset, fraction: float) -> np.ndarray:
     return np.isin(np.repeat(np.arange(len(bounds)), lengths), chosen)  # each row's trajectory
 
 
-# The dataset after --top-fraction (continuous actions in [-1, 1]), its env, the loss ("discrete", "mse" or
-# "nll"), the policy's outputs, the reference scores and the data's digest, checked on --resume.
+# dataset: after --top-fraction, actions as the policy's; mode: the loss ("discrete", "mse", "nll"); digest: on --resume
 TrainingData = collections.namedtuple("TrainingData", "dataset env_id mode out_dim ref_min ref_max digest")
 
 
 def load_training_data(args: Args) -> TrainingData:
     datasets = [read_dataset(p) for p in args.dataset]
-    ds = concatenate(datasets, args.dataset)
-    env_id = args.env_id or ds.metadata.get("env_id")
+    metadata = {k: v for one in reversed(datasets) for k, v in one.metadata.items()}  # the first file's values win
+    env_id = args.env_id or metadata.get("env_id")
     require(env_id, f"{args.dataset[0]}: no env_id in the metadata; give --env-id")
     with contextlib.closing(make_env(env_id, 1)) as envs:
         space, obs_shape = envs.single_action_space, envs.single_observation_space.shape
     discrete = isinstance(space, gym.spaces.Discrete)
     if not discrete:  # a Box of any shape, flat: the loaders keep actions [N, dims]
         low, high = space.low.reshape(-1), space.high.reshape(-1)
-    for one, path in zip(datasets, args.dataset):
+    for one, path in zip(datasets, args.dataset):  # each file against the env, so the files against each other
+        ids = (datasets[0].metadata.get("env_id"), one.metadata.get("env_id"))
+        require(None in ids or ids[0] == ids[1], f"{path}: env {ids[1]} differs from {ids[0]} of {args.dataset[0]}")
         features, acts = one.observations.shape[1], one.actions
         require(features == np.prod(obs_shape), f"{path}: observations have {features} features, the env {obs_shape}")
         if discrete:
@@ -538,9 +508,9 @@ def load_training_data(args: Args) -> TrainingData:
             slack = 1e-4 * (high - low)
             inside = np.all((acts >= low - slack) & (acts <= high + slack))
             require(inside, f"{path}: actions outside the env's bounds [{space.low}, {space.high}]")
-    if args.top_fraction < 1.0:
-        mask = top_fraction_mask(ds, args.top_fraction)
-        ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), ds.metadata)
+    ds = Dataset(*(np.concatenate([getattr(one, k) for one in datasets]) for k in Dataset._fields[:-1]), metadata)
+    mask = top_fraction_mask(ds, args.top_fraction)  # every row at 1.0
+    ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), metadata)
     if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
         ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start)) if space.start else ds
     else:  # the policy works in [-1, 1]: map the dataset's actions there once
@@ -619,8 +589,6 @@ def normalized_score(returns: np.ndarray, ref_min: Optional[float], ref_max: Opt
 
 
 # -------------------------------------------------------------------------------------------- FILES
-# checkpoint.npz and model.npz, read with allow_pickle=False: meta.json (format, counters, flags) and arrays
-# named by their place ("train_state/sgd_steps"), each checked against what this script builds before use.
 
 
 def require(ok, message: str) -> None:
@@ -651,22 +619,6 @@ def write_atomic(path: str, write) -> None:
 def save_npz(path: str, meta: dict, arrays: dict) -> None:
     meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
-
-
-def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz, the one it replaces kept as checkpoint-<step>.npz (a hard link), K in all once complete."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    try:
-        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
-            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
-            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
-        save_npz(path, meta, arrays)
-        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
-        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
-        for old in kept[: max(0, len(kept) - keep + 1)]:
-            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
-    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
-        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
@@ -728,7 +680,6 @@ def args_from_json(saved, where: str = "") -> Args:
 
 
 def check_args(args: Args) -> Args:
-    """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
     for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
         try:
@@ -862,7 +813,7 @@ def train(args: Args) -> dict:
     params = policy.init(jax.random.PRNGKey(args.seed), dummy)
     state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.per_weight_norm, args.seed)
+    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.seed)
     update, act = make_update(policy, data.mode, optimizer, stats, shardings), make_act(policy, data.mode)
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
@@ -885,20 +836,20 @@ def train(args: Args) -> dict:
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         metrics, last_eval = {}, "-"
-        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        saved_step = step if args.resume else None
         tick = dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
         meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": data.env_id}
         meta.update(mode=data.mode, out_dim=data.out_dim, ref_min=data.ref_min, ref_max=data.ref_max)
         stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
 
         def checkpoint():
-            nonlocal saved_step, saved_time
+            nonlocal saved_step
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the dataset
             arrays = {**tree_arrays("train_state/", state), **stats_arrays, **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": missed}
-            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
-            saved_step, saved_time = step, time.monotonic()
+            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            saved_step = step
 
         def evaluation(prefix: str):
             nonlocal last_eval, missed
@@ -947,9 +898,7 @@ def train(args: Args) -> dict:
                     print(f"update {step:>7d}  {line}", flush=True)
             if step // args.eval_every > before // args.eval_every and step < args.total_updates:
                 evaluation("eval")  # the final evaluation comes after the loop
-            minutes = (time.monotonic() - saved_time) / 60
-            due = args.checkpoint_every and step // args.checkpoint_every > before // args.checkpoint_every
-            if due or 0 < args.checkpoint_minutes <= minutes:
+            if args.checkpoint_every and step // args.checkpoint_every > before // args.checkpoint_every:
                 checkpoint()
         if saved_step != step:
             checkpoint()

@@ -1,39 +1,32 @@
 """Soft actor-critic with prioritized experience replay and n-step returns, in one file.
 
-SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et al. 2018,
-"Soft Actor-Critic Algorithms and Applications", arXiv:1812.05905) at the settings of jaxrl's SAC (Kostrikov
-2021, github.com/ikostrikov/jaxrl), proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on
-cpprb and n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread puts
-batches on the device, K SGD steps run in one jitted call, another thread writes the priorities back;
---num-devices N splits each batch over N devices.
+SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et al. 2018, "Soft
+Actor-Critic Algorithms and Applications", arXiv:1812.05905) at the settings of jaxrl's SAC (Kostrikov 2021,
+github.com/ikostrikov/jaxrl), proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb and
+n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread puts batches on the device,
+K SGD steps run in one jitted call, another thread writes the priorities back; --num-devices N splits the batches.
 
 Update, on a minibatch of B transitions i, each spanning k_i <= n env steps (actions in [-1, 1]^|A|):
   a = tanh(u), u ~ N(mu(s), sigma(s)):  log pi(a|s) = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))
   y_i     = G_i + d_i (min_m Q_target_m(s'_i, a'_i) - alpha log pi(a'_i|s'_i)),  a'_i ~ pi(.|s'_i)
   G_i     = sum_{j<k_i} gamma^j r_{t+j},   d_i = gamma^k_i (1 - terminated_i)      (truncation bootstraps)
-  L_Q     = (1/B) sum_i w_i sum_m huber(Q_m(s_i, a_i) - y_i)                         (w_i: PER IS weights)
+  L_Q     = (1/B) sum_i w_i sum_m (Q_m(s_i, a_i) - y_i)^2 / 2                        (w_i: PER IS weights)
   L_pi    = (1/B) sum_i [alpha log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
   L_alpha = (1/B) sum_i -alpha (log pi(a~_i|s_i) + H_target),  H_target = -scale |A|
   p_i     = mean_m |Q_m(s_i, a_i) - y_i| + eps
   P(i)    = p_i^alpha_per / sum_j p_j^alpha_per,  w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the
-            minibatch (--per-weight-norm buffer: over all N), beta: --per-beta0 -> 1
+            minibatch, beta: --per-beta0 -> 1
   Q_target <- tau Q + (1 - tau) Q_target every --target-network-frequency SGD steps; every
   --policy-frequency SGD steps the actor and alpha take --policy-frequency steps.
   Acting: a ~ pi(.|s) on the host CPU with the actor's params as the update call in flight found them.
 
-Run
+Run (outputs: runs/<env_id>__sac__<seed>__<time>/, arrays and JSON, no pickle; docs/sac.md, docs/runs.md)
   python algos/sac.py                                          # Pendulum-v1, 20k steps
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-devices -1
   python algos/sac.py --resume runs/<run>                      # continue from its checkpoint
   python algos/sac.py --capture-video --track                  # eval videos, Weights & Biases
   python tools/sac_evaluate.py runs/<run>         # tools/: evaluate a model, write a dataset, plot a run
-Your own env: sac.train(sac.Args(env_id="MyEnv"), env_fn), one factory of the training and evaluation envs:
-  env_fn(num_envs, video=None) -> gym.vector.SyncVectorEnv([MyEnv] * num_envs, autoreset_mode=SAME_STEP)
-Outputs: runs/<env_id>__sac__<seed>__<time>/ holds args.json, eval.csv, tensorboard events (CleanRL's
-tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/sac.md.
 """
-
-from __future__ import annotations
 
 import os
 
@@ -51,7 +44,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Annotated, Literal, Optional, Tuple
+from typing import Annotated, Optional, Tuple
 
 import cpprb
 import flax.linen as nn
@@ -96,8 +89,6 @@ class Args:
     """Adam step size of the actor"""
     q_lr: Positive = 3e-4
     """Adam step size of the critics"""
-    alpha_lr: Optional[Positive] = None
-    """Adam step size of log alpha (default: --q-lr, as CleanRL)"""
     batch_size: Count = 256
     """transitions per SGD step"""
     gamma: Rate = 0.99
@@ -110,8 +101,6 @@ class Args:
     """SGD steps between target-critic updates"""
     policy_frequency: Annotated[int, Field(ge=1, le=1000)] = 1
     """SGD steps between actor and alpha updates (each time that many of them, as CleanRL)"""
-    huber_delta: Annotated[float, Field(gt=0, le=1e30)] = 1e6
-    """Huber threshold of the critic loss (the default is the squared error)"""
     autotune: bool = True
     """learn the temperature to reach the target entropy"""
     alpha: Positive = 0.2
@@ -135,8 +124,6 @@ class Args:
     """initial importance-sampling exponent, annealed linearly to 1"""
     per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
-    per_weight_norm: Literal["batch", "buffer"] = "batch"
-    """divide IS weights by their max in the minibatch (Acme, Dopamine) or in the buffer (cpprb)"""
     # Learner
     updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 32
     """SGD steps fused in one jitted call"""
@@ -144,8 +131,6 @@ class Args:
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
-    actor_device: Literal["cpu", "learner"] = "cpu"
-    """where the policy acts: the host CPU (Acme's split), or the learner's first device"""
     # Run and output
     eval_every: Count = 5_000
     """environment steps between evaluations"""
@@ -153,10 +138,6 @@ class Args:
     """episodes per evaluation, run as parallel envs, deterministic actions"""
     checkpoint_every: Annotated[int, Field(ge=0, lt=2**31)] = 50_000
     """environment steps between checkpoints (0: none by steps)"""
-    checkpoint_minutes: Annotated[float, Field(ge=0)] = 30.0
-    """also checkpoint when this many minutes passed since the last one (0: never by time)"""
-    keep_checkpoints: Count = 1
-    """checkpoints kept: checkpoint.npz and the K - 1 before it as checkpoint-<step>.npz"""
     log_every: Count = 1_000
     """environment steps between tensorboard scalars"""
     run_dir: Optional[Annotated[str, Field(min_length=1)]] = None
@@ -185,8 +166,7 @@ class RunFailed(Exception):
 
 # ----------------------------------------------------------------------------------------- NETWORKS
 
-# jaxrl's orthogonal init, with which SAC learns more by 100k steps than with flax's LeCun normal
-# (docs/benchmarks.md); gain sqrt 2 on every layer, where jaxrl's log-std head has gain 1
+# jaxrl's orthogonal init, gain sqrt 2 on every layer (jaxrl's log-std head: 1): it learns more (docs/sac.md, Tried)
 Dense = functools.partial(nn.Dense, kernel_init=nn.initializers.orthogonal(2**0.5))
 
 
@@ -249,6 +229,8 @@ class NStepAssembler:
         self.action = np.zeros((n, num_envs, action_dim), np.float32)
         self.reward = np.zeros((n, num_envs), np.float32)
         self.pending = np.zeros(num_envs, np.int64)
+        self.rolled_powers = self.powers[(np.arange(n) - np.arange(n)[:, None]) % n].astype(np.float32)
+        self.full_discount = np.full(num_envs, self.powers[n], np.float32)
 
     def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
         """One vector step (next_obs: the real final one where done); rows may be views valid until the next."""
@@ -257,6 +239,10 @@ class NStepAssembler:
         self.t += 1
         done = terminated | truncated
         np.minimum(self.pending + 1, self.n, out=self.pending)
+        if not done.any() and self.pending.min() == self.n:  # most steps: each env's oldest, no per-env indexing
+            oldest = self.t % self.n
+            ret = self.rolled_powers[oldest] @ self.reward
+            return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
         full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
         envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
         ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
@@ -274,8 +260,8 @@ class PrioritizedReplay:
     """Proportional PER (Schaul et al. 2016) on cpprb, under one lock (cpprb is not thread-safe), inserts staged
     128 rows at a time; write_count[slot] counts overwrites: a |TD| goes back only to the row it came from."""
 
-    def __init__(self, capacity, obs_dim, action_dim, alpha, eps, weight_norm: str = "batch"):
-        self.capacity, self.weight_norm, self.beta = capacity, weight_norm, 0.4
+    def __init__(self, capacity, obs_dim, action_dim, alpha, eps):
+        self.capacity, self.beta = capacity, 0.4
         self.spec = dict(zip(ROW, ((obs_dim,), (action_dim,), (), (obs_dim,), ())))  # a row's shapes, all float32
         cpprb_spec = {k: {"shape": shape or 1, "dtype": np.float32} for k, shape in self.spec.items()}
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
@@ -323,8 +309,7 @@ class PrioritizedReplay:
             stamps = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
             batch[key] = batch[key].reshape(num_batches, batch_size).astype(np.float32)
-        if self.weight_norm == "batch":  # per minibatch, as Acme, Dopamine
-            batch["weights"] /= batch["weights"].max(axis=1, keepdims=True)
+        batch["weights"] /= batch["weights"].max(axis=1, keepdims=True)  # per minibatch, as Acme, Dopamine
         return batch, indexes, stamps
 
     def update_priorities(self, indexes, stamps, priorities) -> int:
@@ -385,9 +370,8 @@ Nets = collections.namedtuple("Nets", "actor critic actor_tx critic_tx alpha_tx"
 
 
 def make_nets(args: Args, action_dim: int) -> Nets:
-    alpha_lr = args.q_lr if args.alpha_lr is None else args.alpha_lr
     actor, critic = Actor(action_dim, args.hidden_sizes), TwinCritic(args.hidden_sizes)
-    return Nets(actor, critic, optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(alpha_lr))
+    return Nets(actor, critic, optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.q_lr))
 
 
 def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key) -> TrainState:
@@ -405,16 +389,15 @@ def init_train_state(nets: Nets, args: Args, obs_dim: int, action_dim: int, key)
     return init(key, log_alpha)
 
 
-def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key, delta: float):
-    """IS-weighted Huber loss of both critics against the clipped double-Q soft target: (L_Q, (td[2, B], mean Q))."""
+def critic_loss(nets: Nets, critic_params, state: TrainState, batch: dict, key):
+    """IS-weighted squared error of both critics against the clipped double-Q soft target: (L_Q, (td[2, B], mean Q))."""
     mean, log_std = nets.actor.apply(state.actor_params, batch["next_obs"])
     next_action, next_log_prob = sample_tanh_gaussian(mean, log_std, key)
     next_q = nets.critic.apply(state.target_critic_params, batch["next_obs"], next_action).min(axis=0)
     target = batch["reward"] + batch["discount"] * (next_q - jnp.exp(state.log_alpha) * next_log_prob)
     q = nets.critic.apply(critic_params, batch["obs"], batch["action"])
     td = q - jax.lax.stop_gradient(target)
-    huber = jnp.where(jnp.abs(td) <= delta, 0.5 * td**2, delta * (jnp.abs(td) - 0.5 * delta))  # exact gradient
-    return jnp.mean(batch["weights"] * huber.sum(axis=0)), (td, q.mean())
+    return jnp.mean(batch["weights"] * (0.5 * td**2).sum(axis=0)), (td, q.mean())
 
 
 def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, key, target_entropy):
@@ -434,14 +417,12 @@ def make_update(nets: Nets, args: Args, action_dim: int):
 
     def actor_step(carry, key):
         state, obs = carry
-        grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)
-        (actor_grads, alpha_grad), aux = grad_fn(
-            nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy
-        )
-        updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
+        grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)  # d/d actor params, d/d log alpha
+        grads, aux = grad_fn(nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
+        updates, actor_opt = nets.actor_tx.update(grads[0], state.actor_opt, state.actor_params)
         state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates), actor_opt=actor_opt)
         if args.autotune:
-            updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
+            updates, alpha_opt = nets.alpha_tx.update(grads[1], state.alpha_opt, state.log_alpha)
             state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates), alpha_opt=alpha_opt)
         return (state, obs), aux
 
@@ -453,7 +434,7 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         batch, key = inputs
         critic_key, actor_key = jax.random.split(key)
         grad_fn = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
-        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key, args.huber_delta)
+        (q_loss, (td, q_mean)), grads = grad_fn(nets, state.critic_params, state, batch, critic_key)
         updates, opt = nets.critic_tx.update(grads, state.critic_opt, state.critic_params)
         params = optax.apply_updates(state.critic_params, updates)
         steps = state.sgd_steps + 1
@@ -500,10 +481,8 @@ def learner_shardings(args: Args) -> Shardings:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
-def actor_device(learner_devices, choice: str = "cpu"):
-    """The host CPU (Acme's actors), unless --actor-device learner or a CPU learner says the learner's first."""
-    if choice == "learner" or learner_devices[0].platform == "cpu":
-        return learner_devices[0]
+def actor_device(learner_devices):
+    """The host CPU, as Acme's actors: an accelerator round trip per env step costs more than the network."""
     try:
         return jax.devices("cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
@@ -597,8 +576,7 @@ def real_next_obs(next_obs, done, info):
 
 def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=None):
     """Returns of deterministic episodes on parallel envs, the same seeds every time (None if `stop` fills)."""
-    envs = env_fn(episodes, video=video)
-    try:
+    with contextlib.closing(env_fn(episodes, video=video)) as envs:
         low, high = envs.single_action_space.low, envs.single_action_space.high
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
@@ -611,8 +589,6 @@ def evaluate(act, params, env_fn, episodes: int, seed: int, video=None, stop=Non
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns
-    finally:
-        envs.close()
 
 
 # -------------------------------------------------------------------------------------------- FILES
@@ -653,22 +629,6 @@ def write_atomic(path: str, write) -> None:
 def save_npz(path: str, meta: dict, arrays: dict) -> None:
     meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     write_atomic(path, lambda f: np.savez(f, **{"meta.json": meta_bytes}, **arrays))
-
-
-def save_checkpoint(run_dir: str, meta: dict, arrays: dict, previous: Optional[int], keep: int) -> None:
-    """checkpoint.npz is the newest; the K - 1 before it stay as checkpoint-<step>.npz (hard links)."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    try:
-        if keep > 1 and previous not in (None, meta["global_step"]) and os.path.isfile(path):
-            os.link(path, f"{path}.tmp.link", follow_symlinks=False)
-            os.replace(f"{path}.tmp.link", os.path.join(run_dir, f"checkpoint-{previous}.npz"))
-        save_npz(path, meta, arrays)
-        names = map(re.compile(r"checkpoint-(\d{1,10})\.npz").fullmatch, os.listdir(run_dir))
-        kept = sorted(int(m[1]) for m in names if m and os.path.isfile(os.path.join(run_dir, m[0])))
-        for old in kept[: max(0, len(kept) - keep + 1)]:
-            os.remove(os.path.join(run_dir, f"checkpoint-{old}.npz"))
-    except OSError as e:  # no hard links here, a full disk, ...: the newest complete checkpoint stays
-        raise RunFailed(f"could not write a checkpoint in {run_dir} ({e.strerror or e})") from None
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
@@ -757,10 +717,9 @@ class Logger:
 
             name = os.path.basename(os.path.abspath(run_dir))
             run = dict(name=name, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dir=run_dir, resume="allow")
+            project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args))
             try:
-                self.wandb = wandb.init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args), **run
-                )
+                self.wandb = wandb.init(**project, **run)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -848,8 +807,7 @@ def train(args: Args, env_fn=None) -> dict:
     shardings = learner_shardings(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        envs = env_fn(args.num_envs)
-        cleanup.callback(envs.close)
+        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
         mode = envs.metadata.get("autoreset_mode")
         require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
         check_spaces(envs, args.env_id)
@@ -866,7 +824,7 @@ def train(args: Args, env_fn=None) -> dict:
         require_memory(2 * state_bytes + batches, "the networks, their copies and the batches in flight", True)
         state = init_train_state(nets, args, obs_dim, action_dim, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
-        replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps, args.per_weight_norm)
+        replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
         nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
         act, update = make_act(nets.actor), make_update(nets, args, action_dim)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
@@ -883,28 +841,34 @@ def train(args: Args, env_fn=None) -> dict:
         writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
+
+        def on_signal(signum, frame):  # the loop stops between steps (an evaluation at once) and checkpoints
+            if stopped:  # a second signal interrupts at once
+                raise KeyboardInterrupt
+            stopped.append(signum)
+
         for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+            cleanup.callback(signal.signal, s, signal.signal(s, on_signal))
         metrics, last_eval = {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        actor = actor_device(shardings.replicated.mesh.devices.flat, args.actor_device)
+        actor = actor_device(shardings.replicated.mesh.devices.flat)
         sgd_done, act_params = int(state.sgd_steps), actor_copy(state.actor_params, actor)  # a resume: no lag yet
         act_key = jax.device_put(key, actor)  # the policy's inputs live where it runs: no transfer per step
         next_log, next_eval, next_ckpt = (
             next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
         )
-        saved_step, saved_time = (step if args.resume else None), time.monotonic()
+        saved_step = step if args.resume else None
         tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
 
         def checkpoint():
-            nonlocal saved_step, saved_time
+            nonlocal saved_step
             while writes:
                 writes.popleft().result()  # the priorities of every update so far are in the replay
             arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_checkpoint(run_dir, {**meta, **counters}, arrays, saved_step, args.keep_checkpoints)
-            saved_step, saved_time = step, time.monotonic()
+            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            saved_step = step
 
         def evaluation(prefix: str):
             nonlocal missed
@@ -981,8 +945,7 @@ def train(args: Args, env_fn=None) -> dict:
             if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
                 next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
                 last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            minutes = (time.monotonic() - saved_time) / 60
-            if step >= next_ckpt or 0 < args.checkpoint_minutes <= minutes:
+            if step >= next_ckpt:
                 next_ckpt = next_multiple(step, args.checkpoint_every)
                 checkpoint()
         if saved_step != step:
@@ -1015,13 +978,6 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     rows = replay.buffer.get_stored_size()
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
     return state, key, step, episodes, meta.get("eval_missed") is True
-
-
-def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between steps (an evaluation at once) and checkpoints; a second interrupts."""
-    if stopped:
-        raise KeyboardInterrupt
-    stopped.append(signum)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -170,7 +170,7 @@ def test_a_file_ending_mid_trajectory_ends_it_there(tmp_path):
     write_d4rl(tmp_path / "b.hdf5", second, meta)
     for name in ("a.hdf5", "a.npz"):
         paths = [str(tmp_path / name), str(tmp_path / "b.hdf5")]
-        ds = bc.concatenate([bc.read_dataset(p) for p in paths], paths)
+        ds = bc.load_training_data(bc.Args(dataset=paths)).dataset
         np.testing.assert_array_equal(bc.trajectory_bounds(ds.terminals, ds.timeouts), [[0, 4], [4, 7], [7, 12]])
         assert ds.timeouts[6] and not ds.terminals[6]  # cut off, not finished
         np.testing.assert_array_equal(np.flatnonzero(bc.top_fraction_mask(ds, 5 / 12)), np.arange(7, 12))

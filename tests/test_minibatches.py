@@ -24,19 +24,18 @@ SCRIPTS = ("dqn_prioritized", "sac", "bc_offline")
 class Replay:
     """One script's replay filled with n rows whose obs[:, 0] is their slot, and its writer."""
 
-    def __init__(self, name: str, n: int, alpha: float, eps: float = 1e-6, weight_norm: str = "batch"):
+    def __init__(self, name: str, n: int, alpha: float, eps: float = 1e-6):
         self.name, self.mod = name, load_script(name)
         slot = np.arange(n, dtype=np.float32)
         obs = np.stack([slot, -slot], axis=1)
         if name == "bc_offline":
-            self.replay = self.mod.PrioritizedDataset(obs, np.zeros((n, 1), np.float32), alpha, eps, weight_norm)
+            self.replay = self.mod.PrioritizedDataset(obs, np.zeros((n, 1), np.float32), alpha, eps)
             return
         rows = {"obs": obs, "next_obs": obs + 0.5, "reward": slot, "discount": np.ones(n, np.float32)}
         if name == "sac":
-            self.replay = self.mod.PrioritizedReplay(n, 2, 1, alpha, eps, weight_norm)
+            self.replay = self.mod.PrioritizedReplay(n, 2, 1, alpha, eps)
             rows["action"] = np.zeros((n, 1), np.float32)
-        else:  # IS weights normalised per minibatch only (no by-buffer option)
-            assert weight_norm == "batch", "dqn_prioritized.py normalises IS weights per minibatch only"
+        else:
             self.replay = self.mod.PrioritizedReplay(n, (2,), np.float32, alpha, eps, None)
             rows["action"] = np.zeros(n, np.int64)
         self.replay.add(rows)
@@ -134,21 +133,16 @@ def test_priorities_computed_for_a_row_land_on_that_rows_slot(name):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_importance_weights_by_minibatch_or_by_buffer(name):
+def test_importance_weights_are_normalised_per_minibatch(name):
     n, batch_size, k, alpha, beta, eps = 200, 32, 4, 0.6, 0.7, 1e-6
     priorities = np.linspace(0.01, 5.0, n)
     prob = (priorities + eps) ** alpha
     prob /= prob.sum()
     w_all = (n * prob) ** -beta
-    # dqn_prioritized.py normalises per minibatch only; the others also offer cpprb's by-buffer rule.
-    for norm in ("batch",) if name == "dqn_prioritized" else ("batch", "buffer"):
-        r = Replay(name, n, alpha, eps, weight_norm=norm)
-        r.set_priorities(priorities)
-        r.replay.beta = beta
-        batches, _, _ = r.call(batch_size, k)
-        w = batches["weights"]
-        raw = w_all[batches["obs"][..., 0].astype(np.int64)]  # by each row's own slot, [K, B]
-        if norm == "batch":  # Acme / Dopamine: the largest weight of each minibatch is 1
-            np.testing.assert_allclose(w, raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
-        else:  # cpprb: divided by the largest weight over the buffer (the smallest priority)
-            np.testing.assert_allclose(w, raw / w_all.max(), rtol=1e-4)
+    r = Replay(name, n, alpha, eps)
+    r.set_priorities(priorities)
+    r.replay.beta = beta
+    batches, _, _ = r.call(batch_size, k)
+    raw = w_all[batches["obs"][..., 0].astype(np.int64)]  # by each row's own slot, [K, B]
+    # Acme / Dopamine: the largest weight of each minibatch is 1 (cpprb's own rule divides by the buffer's)
+    np.testing.assert_allclose(batches["weights"], raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
