@@ -1,15 +1,15 @@
-"""Soft actor-critic with prioritized experience replay and n-step returns, in one file.
+"""Soft actor-critic with prioritized experience replay, in one file.
 
 SAC with twin critics, a tanh-squashed Gaussian actor and a learned temperature (Haarnoja et al. 2018, "Soft
 Actor-Critic Algorithms and Applications", arXiv:1812.05905) at the settings of jaxrl's SAC (Kostrikov 2021,
-github.com/ikostrikov/jaxrl), proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb and
-n-step returns. The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread puts batches on the device,
-K SGD steps run in one jitted call, another thread writes the priorities back; --num-devices N splits the batches.
+github.com/ikostrikov/jaxrl) and proportional prioritized replay (Schaul et al. 2016, arXiv:1511.05952) on cpprb.
+The learner is Acme's (Hoffman et al. 2020, arXiv:2006.00979): a thread puts batches on the device, K SGD steps
+run in one jitted call, another thread writes the priorities back; --num-devices N splits the batches.
 
-Update, on a minibatch of B transitions i, each spanning k_i <= n env steps (actions in [-1, 1]^|A|):
+Update, on a minibatch of B transitions i = (s_i, a_i, r_i, s'_i) (actions in [-1, 1]^|A|):
   a = tanh(u), u ~ N(mu(s), sigma(s)):  log pi(a|s) = log N(u; mu, sigma) - sum_j 2 (log 2 - u_j - softplus(-2 u_j))
-  y_i     = G_i + d_i (min_m Q_target_m(s'_i, a'_i) - alpha log pi(a'_i|s'_i)),  a'_i ~ pi(.|s'_i)
-  G_i     = sum_{j<k_i} gamma^j r_{t+j},   d_i = gamma^k_i (1 - terminated_i)      (truncation bootstraps)
+  y_i     = r_i + d_i (min_m Q_target_m(s'_i, a'_i) - alpha log pi(a'_i|s'_i)),  a'_i ~ pi(.|s'_i)
+            d_i = gamma (1 - terminated_i): a truncation bootstraps
   L_Q     = (1/B) sum_i w_i sum_m (Q_m(s_i, a_i) - y_i)^2 / 2                        (w_i: PER IS weights)
   L_pi    = (1/B) sum_i [alpha log pi(a~_i|s_i) - min_m Q_m(s_i, a~_i)],  a~_i ~ pi(.|s_i)
   L_alpha = (1/B) sum_i -alpha (log pi(a~_i|s_i) + H_target),  H_target = -scale |A|
@@ -61,7 +61,7 @@ from pydantic import Field
 SCRIPT = "sac"
 FORMAT = f"{SCRIPT}/2"  # of checkpoint.npz and model.npz
 LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0  # the clip of jaxrl's actor
-ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row, as the n-step assembler emits it
+ROW = ("obs", "action", "reward", "next_obs", "discount")  # a replay row
 
 # The ranges of the flags, held by pydantic to the command line and to a run folder's args.json alike.
 Count = Annotated[int, Field(ge=1, lt=2**31)]
@@ -93,8 +93,6 @@ class Args:
     """transitions per SGD step"""
     gamma: Rate = 0.99
     """discount factor"""
-    n_step: Annotated[int, Field(ge=1, le=1000)] = 1
-    """rewards per return (the entropy bonus is taken at the bootstrap state only)"""
     tau: Rate = 0.005
     """Polyak rate of the target critics"""
     target_network_frequency: Count = 1
@@ -216,44 +214,6 @@ def sample_tanh_gaussian(mean, log_std, key):
 
 
 # ------------------------------------------------------------------------------------------- REPLAY
-
-
-class NStepAssembler:
-    """Per-step transitions of parallel envs in, n-step ones out: each env's oldest pending step leaves with n
-    rewards, or at an episode's end each with its k <= n and discount gamma^k (0 if terminated)."""
-
-    def __init__(self, n, gamma, num_envs, obs_dim, action_dim):
-        self.n, self.t = n, 0  # step t lives in ring slot t % n
-        self.powers = gamma ** np.arange(n + 1, dtype=np.float64)
-        self.obs = np.zeros((n, num_envs, obs_dim), np.float32)
-        self.action = np.zeros((n, num_envs, action_dim), np.float32)
-        self.reward = np.zeros((n, num_envs), np.float32)
-        self.pending = np.zeros(num_envs, np.int64)
-        self.rolled_powers = self.powers[(np.arange(n) - np.arange(n)[:, None]) % n].astype(np.float32)
-        self.full_discount = np.full(num_envs, self.powers[n], np.float32)
-
-    def push(self, obs, action, reward, next_obs, terminated, truncated) -> Optional[dict]:
-        """One vector step (next_obs: the real final one where done); rows may be views valid until the next."""
-        slot = self.t % self.n
-        self.obs[slot], self.action[slot], self.reward[slot] = obs, action, reward
-        self.t += 1
-        done = terminated | truncated
-        np.minimum(self.pending + 1, self.n, out=self.pending)
-        if not done.any() and self.pending.min() == self.n:  # most steps: each env's oldest, no per-env indexing
-            oldest = self.t % self.n
-            ret = self.rolled_powers[oldest] @ self.reward
-            return dict(zip(ROW, (self.obs[oldest], self.action[oldest], ret, next_obs, self.full_discount)))
-        full, ended = np.flatnonzero((self.pending == self.n) & ~done), np.flatnonzero(done)
-        envs = np.concatenate([full, np.repeat(ended, self.pending[ended])])  # rows: full envs, then ended ones
-        ages = np.concatenate([np.full(full.size, self.n - 1)] + [np.arange(self.pending[i]) for i in ended])
-        self.pending[ended] = 0
-        if not envs.size:
-            return None
-        first, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # first: the oldest slot
-        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
-        ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
-        discount = (self.powers[k] * (1.0 - terminated[envs])).astype(np.float32)
-        return dict(zip(ROW, (self.obs[first, envs], self.action[first, envs], ret, next_obs[envs], discount)))
 
 
 class PrioritizedReplay:
@@ -825,7 +785,6 @@ def train(args: Args, env_fn=None) -> dict:
         state = init_train_state(nets, args, obs_dim, action_dim, init_key)
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
-        nstep = NStepAssembler(args.n_step, args.gamma, args.num_envs, obs_dim, action_dim)
         act, update = make_act(nets.actor), make_update(nets, args, action_dim)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
@@ -893,8 +852,9 @@ def train(args: Args, env_fn=None) -> dict:
             next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
             done = terminated | truncated
 
-            # STORE: n-step rows to the real final observation; only termination ends the return
-            replay.add(nstep.push(obs, action, reward, real_next_obs(next_obs, done, info), terminated, truncated))
+            # STORE: the row leads to the real final observation; only termination ends the return
+            discount = args.gamma * (1.0 - terminated)
+            replay.add(dict(zip(ROW, (obs, action, reward, real_next_obs(next_obs, done, info), discount))))
             obs, step = next_obs, step + args.num_envs
             ep_return += reward
             ep_length += 1
@@ -908,7 +868,7 @@ def train(args: Args, env_fn=None) -> dict:
             while not stopped and sgd_due - sgd_done >= args.updates_per_call:
                 replay.beta = 1.0 + (args.per_beta0 - 1.0) * max(0.0, 1.0 - step / args.total_timesteps)
                 replay.flush()
-                if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
+                if replay.buffer.get_stored_size() < args.batch_size:  # a resumed replay's rows may be fewer
                     break
                 while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
                     ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))

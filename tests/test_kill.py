@@ -64,8 +64,6 @@ CONFIGS = {
             "50000",
             "--updates-per-call",
             "4",
-            "--n-step",
-            "2",
             "--eval-every",
             "1000",
             "--total-timesteps",
@@ -75,7 +73,7 @@ CONFIGS = {
         200,
         1,
         4,
-        2,
+        1,
     ),
     "bc_offline": (
         SMALL

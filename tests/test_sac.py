@@ -203,17 +203,44 @@ def test_action_rescaling_stays_in_asymmetric_bounds():
     assert np.all(mapped >= low) and np.all(mapped <= high)
 
 
-def test_nstep_with_vector_actions():
-    asm = sac.NStepAssembler(2, 0.5, 1, 3, 2)
-    obs = np.zeros((1, 3), np.float32)
-    out = None
-    for t in range(3):
-        out = asm.push(
-            obs + t, np.full((1, 2), t, np.float32), np.array([1.0]), obs + t + 1, np.array([False]), np.array([False])
-        )
-    np.testing.assert_array_equal(out["action"], [[1.0, 1.0]])
-    assert out["reward"][0] == pytest.approx(1.5) and out["discount"][0] == pytest.approx(0.25)
-    np.testing.assert_array_equal(out["next_obs"], obs + 3)
+def test_replay_rows_lead_to_the_real_last_observation_and_bootstrap_through_truncation(tmp_path):
+    """Each row is (s, a, r, s', gamma (1 - terminated)) with s' the observation the step led to, also at an
+    episode's end (info["final_obs"], not the next episode's first), and a truncation keeps gamma."""
+    import gymnasium as gym
+
+    class Counter(gym.Env):
+        """obs (t, episode parity, 0.5); reward t; odd episodes are cut off at t = 5, even ones end at t = 3."""
+
+        observation_space = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        episode = -1
+
+        def reset(self, seed=None, options=None):
+            self.t, self.episode = 0, self.episode + 1
+            return np.array([0.0, self.episode % 2, 0.5], np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            obs = np.array([self.t, self.episode % 2, 0.5], np.float32)
+            return obs, float(self.t - 1), self.episode % 2 == 0 and self.t == 3, self.t == 5, {}
+
+    def factory(num_envs, video=None):
+        return gym.vector.SyncVectorEnv([Counter] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    flags = dict(hidden_sizes=(8,), learning_starts=200, batch_size=16, num_envs=2, eval_episodes=1)
+    sac.train(sac.Args(**flags, total_timesteps=40, gamma=0.9, run_dir=str(tmp_path / "run")), factory)
+    _, arrays = sac.load_npz(str(tmp_path / "run"), "checkpoint")
+    obs, next_obs = arrays["replay/obs"], arrays["replay/next_obs"]
+    reward, discount = arrays["replay/reward"][:, 0], arrays["replay/discount"][:, 0]
+    assert len(obs) == 40
+    np.testing.assert_array_equal(next_obs[:, 0], obs[:, 0] + 1)  # the real last observation, t + 1
+    np.testing.assert_array_equal(next_obs[:, 1:], obs[:, 1:])  # the same episode
+    np.testing.assert_array_equal(reward, obs[:, 0])
+    terminated = (obs[:, 1] == 0) & (next_obs[:, 0] == 3)
+    truncated = (obs[:, 1] == 1) & (next_obs[:, 0] == 5)
+    assert terminated.any() and truncated.any()
+    np.testing.assert_allclose(discount, np.where(terminated, 0.0, 0.9), rtol=1e-6)
+    assert np.all(np.abs(arrays["replay/action"]) <= 1.0)
 
 
 def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
