@@ -130,8 +130,6 @@ case "$MODE" in
     seeds ablation sac-per Pendulum-v1 $SAC --prioritized
     seeds ablation sac HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}"
     seeds ablation sac-per HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized
-    seeds ablation sac-per-buffer HalfCheetah-v5 $SAC --env-id HalfCheetah-v5 "${MUJOCO[@]}" --prioritized \
-      --per-weight-norm buffer
     for d in pendulum-sac-expert cartpole-dqn-expert halfcheetah-sac-medium; do
       seeds ablation bc $d $BC --dataset data/$d.hdf5
       seeds ablation bc-per $d $BC --dataset data/$d.hdf5 --prioritized

@@ -139,7 +139,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """W&B team or user"""
 
-    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
 
 class ConfigError(Exception):

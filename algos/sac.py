@@ -151,7 +151,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """W&B team or user"""
 
-    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
+    __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
 
 class ConfigError(Exception):
@@ -232,8 +232,8 @@ class PrioritizedReplay:
         self.stage = {k: np.zeros((self.stage_rows,) + shape, np.float32) for k, shape in self.spec.items()}
         self.staged = 0
 
-    def add(self, rows: Optional[dict]) -> None:
-        done, total = 0, 0 if rows is None else len(rows["action"])
+    def add(self, rows: dict) -> None:
+        done, total = 0, len(rows["action"])
         while done < total:
             take = min(total - done, self.stage_rows - self.staged)
             for key, column in self.stage.items():

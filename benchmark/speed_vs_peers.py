@@ -43,7 +43,7 @@ SAME = {
     "sac": {
         "ours": "algos/sac.py --env-id Pendulum-v1 --total-timesteps 15000 --learning-starts 5000 --batch-size 256 "
         "--policy-frequency 2 --target-entropy-scale 1 --target-network-frequency 1 --tau 0.005 --policy-lr 3e-4 "
-        "--q-lr 3e-4 --hidden-sizes 256 256 --no-prioritized --n-step 1",
+        "--q-lr 3e-4 --hidden-sizes 256 256 --no-prioritized",
         "sbx": "sac --env-id Pendulum-v1 --total-timesteps 15000",
     },
 }

@@ -348,19 +348,22 @@ def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
 
 @pytest.mark.ray
 def test_sigterm_checkpoints_and_resume_continues(tmp_path):
-    """SIGTERM to the learner: a checkpoint and exit 143 (Ray's own SIGTERM handler, set when it
-    starts, must not win); --resume then continues the learner and its replay to a larger budget."""
-    proc = start_script("--num-actors", "2", "--total-timesteps", "400000", "--run-dir", str(tmp_path))
+    """A checkpoint every 5,000 steps; SIGTERM to the learner: a checkpoint and exit 143 (Ray's own SIGTERM
+    handler, set when it starts, must not win); --resume then continues the learner and its replay."""
+    flags = ["--num-actors", "2", "--total-timesteps", "400000", "--checkpoint-every", "5000"]
+    proc = start_script(*flags, "--run-dir", str(tmp_path))
     try:
         deadline = time.time() + 120
         evals = tmp_path / "eval.csv"  # its header is there from the start, its first row at 10k steps
         while time.time() < deadline and not (evals.exists() and len(evals.read_text().split()) > 1):
             time.sleep(0.2)
+        periodic, _ = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")  # before any signal
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert periodic["global_step"] >= 5000
     assert f"continue with --resume {tmp_path}" in stdout
     meta, arrays = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")
     rows, sgd, step = len(arrays["replay/priority"]), int(arrays["train_state/sgd_steps"]), meta["global_step"]

@@ -303,6 +303,25 @@ def test_dqn_hostile_values_in_args_json(runs, tmp_path, capsys):
         refused(dqn, ["--resume", run_dir], capsys, word)
 
 
+@pytest.mark.parametrize("script", list(MODULES))
+def test_a_flag_the_script_no_longer_has_is_refused_on_resume_and_ignored_by_the_tool(script, runs, tmp_path, capsys):
+    """A run folder of an earlier version naming a flag since removed (SAC's --n-step 3) is not resumed
+    with that setting silently dropped: one line naming the flag. Evaluating its model, which that flag
+    did not change, still works."""
+    flag = "--total-updates" if script == "bc" else "--total-timesteps"
+    run_dir = copy_run(runs[script], tmp_path / "run")
+    good = json.loads(open(os.path.join(run_dir, "args.json")).read())
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump({**good, "args": {**good["args"], "n_step_removed": 3}}, f)
+    err = refused(MODULES[script], ["--resume", run_dir, flag, "400"], capsys, "--n-step-removed")
+    assert "args.json" in err, err
+    path = os.path.join(run_dir, "model.npz")
+    meta, arrays = MODULES[script].load_npz(path, "model")
+    MODULES[script].save_npz(path, {**meta, "args": {**meta["args"], "n_step_removed": 3}}, arrays)
+    out = subprocess.run([sys.executable, TOOLS[script], path, "--episodes", "1"], capture_output=True, text=True)
+    assert out.returncode == 0 and "over 1 episodes" in out.stdout, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("script", ["sac", "bc"])
 def test_hostile_values_in_args_json_of_sac_and_bc(script, runs, tmp_path, capsys):
     """The same pydantic ranges hold SAC's and BC's flags (issue 27): a seed past the envs' int32
@@ -553,13 +572,18 @@ def test_old_model_pkl_converts_with_the_explicit_tool(script, runs, tmp_path, c
 
 @pytest.mark.parametrize("script", ["dqn", "sac"])
 def test_args_json_does_not_choose_files_to_write(script, runs, tmp_path, capsys):
-    """A shared run folder's args.json naming --save-dataset (DQN: also another --run-dir and
-    --resume folder): not obeyed on --resume (only what is typed decides where to write)."""
+    """A shared run folder's args.json naming another --run-dir and --resume folder: not obeyed on
+    --resume (only what is typed decides where to write); one naming --save-dataset, a flag of an
+    earlier version, is refused in one line."""
     run_dir = copy_run(runs[script], tmp_path / "run")
     target = tmp_path / "elsewhere" / "pwned.hdf5"
     target.parent.mkdir()
     saved = json.loads(open(os.path.join(run_dir, "args.json")).read())
     saved["args"]["save_dataset"] = str(target)
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump(saved, f)
+    refused(MODULES[script], ["--resume", run_dir, "--total-timesteps", "400"], capsys, "--save-dataset")
+    del saved["args"]["save_dataset"]
     saved["args"]["run_dir"] = saved["args"]["resume"] = str(target.parent)
     with open(os.path.join(run_dir, "args.json"), "w") as f:
         json.dump(saved, f)

@@ -209,19 +209,25 @@ def test_replay_rows_lead_to_the_real_last_observation_and_bootstrap_through_tru
     import gymnasium as gym
 
     class Counter(gym.Env):
-        """obs (t, episode parity, 0.5); reward t; odd episodes are cut off at t = 5, even ones end at t = 3."""
+        """obs (t, episode parity, which env); reward t; odd episodes are cut off at t = 5, even ones end
+        at t = 3; env k starts with episode k, so that the envs' episodes end at different steps."""
 
         observation_space = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
         action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        episode = -1
+        made = 0
+
+        def __init__(self):
+            self.which = Counter.made
+            self.episode = self.which - 1
+            Counter.made += 1
 
         def reset(self, seed=None, options=None):
             self.t, self.episode = 0, self.episode + 1
-            return np.array([0.0, self.episode % 2, 0.5], np.float32), {}
+            return np.array([0.0, self.episode % 2, self.which], np.float32), {}
 
         def step(self, action):
             self.t += 1
-            obs = np.array([self.t, self.episode % 2, 0.5], np.float32)
+            obs = np.array([self.t, self.episode % 2, self.which], np.float32)
             return obs, float(self.t - 1), self.episode % 2 == 0 and self.t == 3, self.t == 5, {}
 
     def factory(num_envs, video=None):
@@ -234,7 +240,8 @@ def test_replay_rows_lead_to_the_real_last_observation_and_bootstrap_through_tru
     reward, discount = arrays["replay/reward"][:, 0], arrays["replay/discount"][:, 0]
     assert len(obs) == 40
     np.testing.assert_array_equal(next_obs[:, 0], obs[:, 0] + 1)  # the real last observation, t + 1
-    np.testing.assert_array_equal(next_obs[:, 1:], obs[:, 1:])  # the same episode
+    np.testing.assert_array_equal(next_obs[:, 1:], obs[:, 1:])  # the same episode of the same env
+    assert set(obs[:, 2]) == {0.0, 1.0}
     np.testing.assert_array_equal(reward, obs[:, 0])
     terminated = (obs[:, 1] == 0) & (next_obs[:, 0] == 3)
     truncated = (obs[:, 1] == 1) & (next_obs[:, 0] == 5)

@@ -19,11 +19,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bc_offline as bc  # noqa: E402
 
 
+def known_flags(flags):
+    """A saved model's flags less those this version no longer has: evaluating the model needs none of them."""
+    known = {field.name for field in dataclasses.fields(bc.Args)}
+    return {k: v for k, v in flags.items() if k in known} if isinstance(flags, dict) else flags
+
+
 def load_model(path: str):
     """(meta, policy, params, obs stats) of a model.npz or checkpoint.npz, every part checked."""
     kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
     meta, arrays = bc.load_npz(path, kind)
-    saved = bc.args_from_json(meta.get("args"), path)
+    meta["args"] = known_flags(meta.get("args"))
+    saved = bc.args_from_json(meta["args"], path)
     env_id, mode, out_dim = meta.get("env_id"), meta.get("mode"), meta.get("out_dim")
     scores = all(meta.get(k) is None or type(meta.get(k)) in (int, float) for k in ("ref_min", "ref_max"))
     bc.require(":" not in str(env_id), f"{path}: env id {env_id!r} names a module to import; not taken from a file")

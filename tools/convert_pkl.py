@@ -12,6 +12,7 @@ Old checkpoint.pkl files are not converted: their replay and optimiser state are
 code that wrote them. Convert the run's model.pkl, or retrain.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -68,6 +69,8 @@ def convert(path: str) -> str:
     # The pickle holds Python values (tuples, numpy scalars); the checks take what JSON gives.
     try:
         flags = json.loads(json.dumps(old["args"], default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+        if isinstance(flags, dict):  # flags removed since that version: the model needs none of them
+            flags = {k: v for k, v in flags.items() if k in {f.name for f in dataclasses.fields(m.Args)}}
         args = m.args_from_json(flags, path)
         template, extra = template_params(m, old, args)  # makes the env: a ConfigError if it cannot
     except m.ConfigError as e:

@@ -34,12 +34,18 @@ class Options:
     """film the first episode into videos/ beside the file"""
 
 
+def known_flags(flags):
+    """A saved model's flags less those this version no longer has: evaluating the model needs none of them."""
+    known = {field.name for field in dataclasses.fields(sac.Args)}
+    return {k: v for k, v in flags.items() if k in known} if isinstance(flags, dict) else flags
+
+
 def load_policy(path: str, env_id: Optional[str] = None):
     """(act, params, the run's Args, env_fn, file path) of a saved model or checkpoint."""
     path = os.path.join(path, "model.npz") if os.path.isdir(path) else path
     kind = "checkpoint" if os.path.basename(path).startswith("checkpoint") else "model"
     meta, arrays = sac.load_npz(path, kind)
-    saved = sac.args_from_json(meta.get("args"), path)
+    saved = sac.args_from_json(known_flags(meta.get("args")), path)
     sac.require(":" not in saved.env_id or env_id == saved.env_id, f"{path}: env id {saved.env_id!r} imports a module")
     env_fn = functools.partial(sac.make_env, env_id or saved.env_id)
     envs = env_fn(1)
