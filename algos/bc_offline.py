@@ -395,12 +395,14 @@ def minari_episode(ep, where: str):
     """(T observations, actions, rewards, terminations, truncations) of an episode of T+1 observations."""
     missing = [k for k in MINARI_KEYS if k not in ep]
     require(not missing, f"{where} is missing {', '.join(missing)}")
-    group = "not an array but an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
+    dict_space = "an HDF5 group, i.e. a Dict or Tuple space; BC reads flat Box and Discrete spaces"
     for key in MINARI_KEYS:
-        require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is {group}")
+        require(key in MINARI_KEYS[2:] or not isinstance(ep[key], h5py.Group), f"{where}: {key} are {dict_space}")
+        require(isinstance(ep[key], h5py.Dataset), f"{where}: {key} is not an array")
         dtype = ep[key].dtype  # checked before reading: JPEG images and text are byte strings
         require(dtype.kind in "biuf", f"{where}: {key} are not numbers (dtype {dtype}; JPEG and text are not read)")
-    steps, count = len(ep["actions"]), len(ep["observations"])  # h5py: no len() of a scalar, no time axis
+    require(ep["actions"].ndim and ep["observations"].ndim, f"{where}: observations and actions need a time axis")
+    steps, count = ep["actions"].shape[0], ep["observations"].shape[0]
     require(count == steps + 1, f"{where}: {count} observations for {steps} actions (needs T+1)")
     for key in MINARI_KEYS[2:]:
         require(ep[key].shape == (steps,), f"{where}: {key} of shape {ep[key].shape}, expected {(steps,)}")
@@ -509,8 +511,9 @@ def load_training_data(args: Args) -> TrainingData:
             inside = np.all((acts >= low - slack) & (acts <= high + slack))
             require(inside, f"{path}: actions outside the env's bounds [{space.low}, {space.high}]")
     ds = Dataset(*(np.concatenate([getattr(one, k) for one in datasets]) for k in Dataset._fields[:-1]), metadata)
-    mask = top_fraction_mask(ds, args.top_fraction)  # every row at 1.0
-    ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), metadata)
+    if args.top_fraction < 1.0:  # a copy of the kept rows
+        mask = top_fraction_mask(ds, args.top_fraction)
+        ds = Dataset(*(getattr(ds, k)[mask] for k in Dataset._fields[:-1]), metadata)
     if discrete:  # the policy's classes are 0..n-1: Discrete(n, start=s) takes s + class
         ds = ds._replace(actions=ds.actions.astype(np.int64) - int(space.start)) if space.start else ds
     else:  # the policy works in [-1, 1]: map the dataset's actions there once

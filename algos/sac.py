@@ -379,10 +379,11 @@ def make_update(nets: Nets, args: Args, action_dim: int):
         state, obs = carry
         grad_fn = jax.grad(actor_alpha_loss, argnums=(1, 2), has_aux=True)  # d/d actor params, d/d log alpha
         grads, aux = grad_fn(nets, state.actor_params, state.log_alpha, state.critic_params, obs, key, target_entropy)
-        updates, actor_opt = nets.actor_tx.update(grads[0], state.actor_opt, state.actor_params)
+        actor_grads, alpha_grad = grads
+        updates, actor_opt = nets.actor_tx.update(actor_grads, state.actor_opt, state.actor_params)
         state = state._replace(actor_params=optax.apply_updates(state.actor_params, updates), actor_opt=actor_opt)
         if args.autotune:
-            updates, alpha_opt = nets.alpha_tx.update(grads[1], state.alpha_opt, state.log_alpha)
+            updates, alpha_opt = nets.alpha_tx.update(alpha_grad, state.alpha_opt, state.log_alpha)
             state = state._replace(log_alpha=optax.apply_updates(state.log_alpha, updates), alpha_opt=alpha_opt)
         return (state, obs), aux
 
@@ -677,9 +678,10 @@ class Logger:
 
             name = os.path.basename(os.path.abspath(run_dir))
             run = dict(name=name, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dir=run_dir, resume="allow")
-            project = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args))
             try:
-                self.wandb = wandb.init(**project, **run)
+                self.wandb = wandb.init(
+                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args), **run
+                )
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
