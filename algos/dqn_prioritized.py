@@ -128,6 +128,8 @@ class Args:
     """final exploration epsilon"""
     exploration_fraction: Rate = 0.2
     """fraction of --total-timesteps over which epsilon decays linearly"""
+    exploration_steps: Optional[Count] = None
+    """environment steps over which epsilon decays linearly, whatever the budget (replaces the fraction)"""
     # Replay
     buffer_size: Count = 50_000
     """replay capacity in transitions"""
@@ -146,6 +148,8 @@ class Args:
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
     """local devices the learner splits each batch over (-1: all)"""
+    actor_device: Literal["cpu", "learner"] = "cpu"
+    """where the policy acts for the N envs: the host CPU, or the learner's first device (--preset atari)"""
     # Run and output
     eval_every: Count = 10_000
     """environment steps between evaluations"""
@@ -177,6 +181,8 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
+    num_envs=16,  # and the actor on the learner's device: the fastest pair measured on a TPU (docs/dqn.md)
+    actor_device="learner",
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
     anneal_lr=False,
@@ -188,8 +194,8 @@ ATARI_PRESET = dict(
     n_step=1,
     clip_reward=1.0,
     hidden_sizes=(512,),
-    end_e=0.01,  # tuned Double DQN, reached after 1M agent steps
-    exploration_fraction=0.02,
+    end_e=0.01,  # tuned Double DQN
+    exploration_steps=1_000_000,  # agent steps (4M frames), whatever the budget
     eval_epsilon=0.001,  # tuned Double DQN's evaluation epsilon
     eval_every=250_000,
     eval_episodes=8,
@@ -201,13 +207,15 @@ ATARI_PRESET = dict(
 MINATAR_PRESET = dict(
     n_step=3,
     total_timesteps=5_000_000,
+    num_envs=16,  # with 128 SGD steps a call: the fastest measured on a TPU, same replay ratio (docs/dqn.md)
+    updates_per_call=128,
     buffer_size=100_000,
     learning_starts=5_000,
     batch_size=32,
     train_frequency=1,
     target_network_frequency=1_000,
     end_e=0.1,
-    exploration_fraction=0.02,  # 100k frames
+    exploration_steps=100_000,  # frames, whatever the budget
     optimizer="rmsprop",
     learning_rate=2.5e-4,
     anneal_lr=False,
@@ -304,8 +312,9 @@ class NStepAssembler:
 class FrameStore:
     """Atari frames kept once (pixel rows would keep each frame 8 times): frame f lives in ring slot
     f % capacity, rows hold the 4 frame numbers of obs and next_obs, a step writes its newest frame and a
-    reset its first. `written` moves before a frame is copied in, so a reader that checks it after
-    copying knows which frames may have changed under it (a stale row)."""
+    reset a zero frame and its first (an episode's first stack is 3 zero frames, then the first, as ALE's
+    vector env and FrameStackObservation(padding_type="zero") pad it). `written` moves before a frame is
+    copied in, so a reader that checks it after copying knows which frames may have changed under it."""
 
     def __init__(self, buffer_size: int, num_envs: int, frame_shape):
         self.capacity = buffer_size + buffer_size // 10 + 8 * num_envs + 4096  # resets add frames: see docs/dqn.md
@@ -320,7 +329,8 @@ class FrameStore:
         return numbers
 
     def start(self, obs, envs):
-        self.stack[envs] = self._write(obs[envs, -1])[:, None]
+        zeros, firsts = self._write(np.zeros_like(obs[envs, -1])), self._write(obs[envs, -1])
+        self.stack[envs] = np.concatenate([np.repeat(zeros[:, None], FRAME_STACK - 1, axis=1), firsts[:, None]], 1)
 
     def step(self, reached, next_obs, done):
         """(frame numbers of the stacks the step led to, of the stacks the envs show now)."""
@@ -523,9 +533,9 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     return loss, (td, q_sa.mean())
 
 
-def make_update(q_apply, optimizer, args: Args, unroll: bool = False):
+def make_update(q_apply, optimizer, args: Args, unroll: int = 1):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call, a
-    lax.scan, or unrolled (XLA's CPU backend runs convolutions slower inside a loop)."""
+    lax.scan, its body `unroll` steps long (XLA's CPU backend runs convolutions slower inside a loop)."""
     replicated, batch = learner_shardings(args)
 
     def sgd_step(state: TrainState, batch: dict):
@@ -568,11 +578,11 @@ def learner_shardings(args: Args) -> Shardings:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
-def actor_device(learner_devices):
+def actor_device(where: str, learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
-    costs more than a small network, even Atari's CNN on a TPU: docs/dqn.md)."""
+    costs more than a small network), or the learner's, where Atari's CNN for 16 envs ran faster (docs/dqn.md)."""
     try:
-        return jax.devices("cpu")[0]
+        return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
         return learner_devices[0]
 
@@ -603,6 +613,11 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
     return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
+def exploration_horizon(args: Args) -> float:
+    """Env steps over which epsilon decays: --exploration-steps, else --exploration-fraction of the budget."""
+    return args.exploration_steps or args.exploration_fraction * args.total_timesteps
+
+
 # ------------------------------------------------------------------------------------- ENVIRONMENTS
 
 
@@ -618,9 +633,11 @@ def is_image(space) -> bool:
 
 
 def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None) -> gym.vector.VectorEnv:
-    """The default env factory: sync vector envs in SAME_STEP autoreset mode (the step that ends an episode
+    """The default env factory: vector envs in SAME_STEP autoreset mode (the step that ends an episode
     returns the next one's first observation, the real last one in info["final_obs"]); images get Nature
-    DQN's 84x84 grey stacks of 4, ALE games AtariPreprocessing (30 no-ops, 4 frames a step), 108k frames."""
+    DQN's 84x84 grey stacks of 4. ALE games step in ale_py's C++ vector env (threads, preprocessing and
+    stacks inside); filmed, through AtariPreprocessing with the same settings. Other envs step one after
+    another in this thread: gymnasium's async envs were slower for MinAtar and classic control (docs/dqn.md)."""
     with contextlib.suppress(ImportError):
         import ale_py  # noqa: F401 (registers the ALE ids)
     try:
@@ -640,14 +657,37 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     takes = f"this script takes vectors, uint8 images or bool planes: {FLATTEN}"
     require(vector or is_image(space) or is_planes(space), f"{env_id} has observations {space}; {takes}")
     wrappers, kwargs = [], {}
+    if is_image(space) and ale and video is None:
+        from ale_py.vector_env import AtariVectorEnv
+
+        spec = gym.spec(env_id).kwargs  # the id's game, sticky actions (v5: 0.25) and action set
+        return AtariVectorEnv(
+            spec["game"],
+            num_envs,
+            num_threads=min(num_envs, os.cpu_count() or 1),
+            repeat_action_probability=spec.get("repeat_action_probability", 0.25),
+            full_action_space=spec.get("full_action_space", False),
+            frameskip=4,
+            maxpool=True,  # the max of the last two frames of each step
+            noop_max=30,
+            stack_num=FRAME_STACK,
+            img_height=84,
+            img_width=84,
+            grayscale=True,
+            max_num_frames_per_episode=108_000,
+            reward_clipping=False,  # learning clips (--clip-reward); logged returns are the game's score
+            episodic_life=False,  # a lost life ends the return for learning only (--terminal-on-life-loss)
+            use_fire_reset=False,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
     if is_image(space) and ale:
         wrappers = [functools.partial(gym.wrappers.AtariPreprocessing, noop_max=30, frame_skip=4, screen_size=84)]
-        kwargs = {"frameskip": 1, "max_num_frames_per_episode": 108_000}
+        kwargs = {"frameskip": 1, "max_num_frames_per_episode": 108_000}  # sticky actions: the id's own
     elif is_image(space):
         grey = [gym.wrappers.GrayscaleObservation] if len(space.shape) == 3 else []
         wrappers = grey + [functools.partial(gym.wrappers.ResizeObservation, shape=(84, 84))]
     if is_image(space):
-        stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="reset")
+        stack = functools.partial(gym.wrappers.FrameStackObservation, stack_size=FRAME_STACK, padding_type="zero")
         wrappers.append(stack)
     if video is not None:
         if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):  # pygame opens an SDL display
@@ -962,7 +1002,7 @@ def train(args: Args, env_fn=None) -> dict:
         state = init_train_state(network, optimizer, space.shape, key)
         replay, nstep = make_replay(args, space)
         act = make_act(network.apply, num_actions)
-        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # convolutions: see make_update
+        unroll = 32 if len(space.shape) == 3 and jax.default_backend() == "cpu" else 1  # convolutions: make_update
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
@@ -988,7 +1028,7 @@ def train(args: Args, env_fn=None) -> dict:
             cleanup.callback(signal.signal, s, signal.signal(s, on_signal))
         frames, lives, metrics, last_eval = replay.frames, None, {}, "-"
         ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        actor = actor_device(shardings.replicated.mesh.devices.flat)
+        actor = actor_device(args.actor_device, shardings.replicated.mesh.devices.flat)
         sgd_done, act_params = int(state.sgd_steps), actor_copy(state.params, actor)  # a resume: no lag yet
         next_log, next_eval, next_ckpt = (
             next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
@@ -1026,8 +1066,8 @@ def train(args: Args, env_fn=None) -> dict:
         if redo:  # the evaluation a signal cut short
             evaluation("eval")
         while step < args.total_timesteps and not stopped:
-            # ACT: epsilon-greedy, epsilon decaying linearly over exploration_fraction of the run
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, step)
+            # ACT: epsilon-greedy, epsilon decaying linearly over the exploration horizon
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
             actions = act(act_params, obs, epsilon, rng)
             next_obs, reward, terminated, truncated, info = envs.step(actions + first)
             done = terminated | truncated

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import ale_py.vector_env
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,24 +16,54 @@ dqn = load_script("dqn_prioritized")
 
 
 def short_ale_episodes(monkeypatch, frames):
-    """make_env's own pipeline, with ALE's episode cap at `frames` instead of 108k (so that a short
-    test sees truncations and short evaluations)."""
-    make_vec = gym.make_vec
+    """make_env's own pipelines (ale_py's vector env, and gymnasium's for a filmed evaluation), with
+    ALE's episode cap at `frames` instead of 108k (so that a short test sees truncations and short
+    evaluations). Returns the keyword arguments each pipeline was built with."""
+    made, make_vec, vector_env = [], gym.make_vec, ale_py.vector_env.AtariVectorEnv
 
-    def capped(*args, **kwargs):
-        assert kwargs.get("max_num_frames_per_episode") == 108_000, kwargs  # make_env's cap, replaced
-        return make_vec(*args, **{**kwargs, "max_num_frames_per_episode": frames})
+    def capped(make):
+        def make_capped(*args, **kwargs):
+            assert kwargs.get("max_num_frames_per_episode") == 108_000, kwargs  # make_env's cap, replaced
+            made.append(kwargs)
+            return make(*args, **{**kwargs, "max_num_frames_per_episode": frames})
 
-    monkeypatch.setattr(gym, "make_vec", capped)
+        return make_capped
+
+    monkeypatch.setattr(gym, "make_vec", capped(make_vec))
+    monkeypatch.setattr(ale_py.vector_env, "AtariVectorEnv", capped(vector_env))
+    return made
+
+
+def test_ale_vector_env_is_built_with_the_papers_settings(monkeypatch, tmp_path):
+    """What a transition means: ALE v5's sticky actions (0.25), 4 frames a step max-pooled, up to 30
+    no-ops, 84x84 grey stacks of 4, 108k frames, no reward clipping, no life loss ending an episode,
+    no FIRE at reset, SAME_STEP autoreset, one thread per env up to the cores; a v4 id keeps its own
+    sticky actions (none). The filmed path (gymnasium's) pads a first stack with zeros as ALE's does."""
+    made = short_ale_episodes(monkeypatch, 108_000)
+    for env_id, sticky in (("ALE/Pong-v5", 0.25), ("PongNoFrameskip-v4", 0.0)):
+        envs = dqn.make_env(env_id, 3)
+        envs.close()
+        kwargs = made.pop()
+        assert type(envs).__name__ == "AtariVectorEnv" and kwargs["repeat_action_probability"] == sticky
+        want = dict(frameskip=4, maxpool=True, noop_max=30, stack_num=4, img_height=84, img_width=84)
+        want.update(grayscale=True, reward_clipping=False, episodic_life=False, use_fire_reset=False)
+        want.update(num_threads=min(3, os.cpu_count()), full_action_space=False)
+        assert {k: kwargs[k] for k in want} == want
+        assert kwargs["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    for video in (None, (str(tmp_path), "x")):  # both paths: 3 zero frames, then the first
+        envs = dqn.make_env("ALE/Breakout-v5", 2, video=video)
+        obs, _ = envs.reset(seed=1)
+        envs.close()
+        assert (obs[:, :3] == 0).all() and (obs[:, 3] > 0).any(axis=(1, 2)).all()
 
 
 def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives(monkeypatch):
-    """Two Breakout envs from make_env, random play, 3-step returns, lives lost and episodes both
-    terminated and truncated: every row of the compressed replay, decoded, equals the row that the
-    same n-step assembler makes from the pixel stacks themselves. The frame store writes one frame
-    per episode start (the stack FrameStackObservation pads with the reset frame), so this also
-    checks that make_env's first stacks really are 4 copies of one frame."""
-    n, num_envs, gamma = 3, 2, 0.9
+    """Three Breakout envs from make_env (ale_py's vector env, in different phases), random play,
+    3-step returns, lives lost and episodes both terminated and truncated: every row of the
+    compressed replay, decoded, equals the row that the same n-step assembler makes from the pixel
+    stacks the envs returned. The frame store writes a zero frame and the first frame per episode
+    start, so this also checks that the env's first stacks are 3 zero frames, then the first."""
+    n, num_envs, gamma = 3, 3, 0.9
     short_ale_episodes(monkeypatch, 700)
     envs = dqn.make_env("ALE/Breakout-v5", num_envs)
     assert envs.single_observation_space.shape == (4, 84, 84)
@@ -68,8 +99,8 @@ def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives(mo
     got = replay.buffer.get_all_transitions()
     want = {k: np.concatenate([e[k] for e in expected]) for k in expected[0]}
     assert len(got["action"]) == len(want["action"]) > 1000
-    # Rows that start an episode name one frame 4 times: the case a one-frame start must get right.
-    starts = (got["obs"] == got["obs"][:, :1]).all(axis=1).sum()
+    # Rows that start an episode name one zero frame 3 times: the case a start must get right.
+    starts = (got["obs"][:, :3] == got["obs"][:, :1]).all(axis=1).sum()
     assert starts >= seen["terminated"] + seen["truncated"] > 0, starts  # every episode after a reset
     for key in ("obs", "next_obs"):
         pixels, intact = frames.read(got[key])
@@ -82,8 +113,8 @@ def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives(mo
 
 
 class StackedStreams:
-    """Synthetic env streams shaped like FrameStackObservation's: each new frame is unique
-    (a counter written into its pixels), a new episode's stack repeats its first frame."""
+    """Synthetic env streams shaped like ALE's vector env's: each new frame is unique (a counter
+    written into its pixels), a new episode's stack is 3 zero frames, then its first."""
 
     def __init__(self, num_envs, rng):
         self.rng, self.count = rng, 0
@@ -94,7 +125,7 @@ class StackedStreams:
         return np.full((6, 6), self.count % 251, np.uint8) + np.eye(6, dtype=np.uint8) * (self.count // 251 % 256)
 
     def _first(self):
-        return np.repeat(self._frame()[None], 4, axis=0)
+        return np.concatenate([np.zeros((3, 6, 6), np.uint8), self._frame()[None]])
 
     def step(self, p_done):
         reached = np.stack([np.concatenate([o[1:], self._frame()[None]]) for o in self.obs])

@@ -1,6 +1,7 @@
 """MinAtar in dqn_prioritized.py (issue 14): feature planes told apart by their space, the MinAtar
 paper's network, its centred RMSProp checked against torch's update rule, and --preset minatar."""
 
+import dataclasses
 import sys
 
 import gymnasium as gym
@@ -94,7 +95,7 @@ def test_preset_minatar_from_the_command_line():
         1,
         1_000,
     )
-    assert args.end_e == 0.1 and args.exploration_fraction * args.total_timesteps == 100_000
+    assert args.end_e == 0.1 and dqn.exploration_horizon(args) == 100_000
     assert args.n_step == 3 and args.prioritized  # Rainbow's replay on top
     typed = dqn.parse_args(["--preset=minatar", "--batch-size", "64", "--no-prioritized"])
     assert typed.batch_size == 64 and not typed.prioritized and typed.buffer_size == 100_000
@@ -107,3 +108,17 @@ def test_minatar_without_the_package_is_one_line(monkeypatch, capsys):
     assert dqn.cli(["--env-id", "MinAtar/Asterix-v1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install minatar" in err, err
+
+
+@pytest.mark.parametrize("preset, horizon, end", [("minatar", 100_000, 0.1), ("atari", 1_000_000, 0.01)])
+def test_a_presets_exploration_is_in_steps_whatever_the_budget(preset, horizon, end):
+    """MinAtar: 1 -> 0.1 over 100k frames; Atari: 1 -> 0.01 over 1M agent steps; at 1M and 5M steps
+    alike (a fraction of the budget would put the midpoint elsewhere). Without the preset, and in a
+    run folder written before --exploration-steps, the fraction of the budget still holds."""
+    for budget in ("1000000", "5000000"):
+        args = dqn.parse_args(["--preset", preset, "--total-timesteps", budget])
+        horizon_of_run = dqn.exploration_horizon(args)
+        epsilon = [dqn.linear_schedule(args.start_e, args.end_e, horizon_of_run, t) for t in (0, horizon // 2, horizon)]
+        assert epsilon == pytest.approx([1.0, (1 + end) / 2, end])
+    saved = {k: v for k, v in dataclasses.asdict(dqn.Args(total_timesteps=50_000)).items() if k != "exploration_steps"}
+    assert dqn.exploration_horizon(dqn.args_from_json(saved)) == 0.2 * 50_000

@@ -56,7 +56,7 @@ def load_policy(path: str, env_id: Optional[str] = None):
     network = dqn.QNetwork(num_actions, saved.hidden_sizes, planes=dqn.is_planes(space))
     template = network.init(dqn.jax.random.PRNGKey(0), dqn.jnp.zeros((1,) + space.shape, dqn.jnp.float32))
     params = dqn.restore_tree(template, arrays, "train_state/params/" if kind == "checkpoint" else "params/", path)
-    params = dqn.jax.device_put(params, dqn.actor_device(dqn.jax.devices()))  # acts on the host CPU
+    params = dqn.jax.device_put(params, dqn.actor_device("cpu", dqn.jax.devices()))  # acts on the host CPU
     return dqn.make_act(network.apply, num_actions), params, saved, env_fn, path
 
 
