@@ -13,7 +13,8 @@
 #             and --preset atari on ALE/Pong-v5 (30k steps); 2 seeds
 #   apex      Ape-X on CartPole-v1, 1, 2 and 4 actors, beside dqn_prioritized.py; 3 seeds
 #   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari or
-#             learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md
+#             learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
+#             minatar (500k, about 2.5 min on a TPU v5e) and atari (Pong 200k, 2 min) there only
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores; speed, atari and apex: one at a time)

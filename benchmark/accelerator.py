@@ -5,6 +5,7 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
 
   cleanrl  CleanRL's own dqn_jax.py (CLEANRL_PYTHON, CLEANRL_DQN); sbx: sbx's SAC (SBX_PYTHON)
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
+  minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
 
 The rows of BC's input-stage timing (part "bc-stages", the code at commit 57fa37d) still render.
 
@@ -23,16 +24,15 @@ from speed_vs_peers import CLEANRL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CHECKPOINTS = ["--checkpoint-every", "0"]
-MINATAR = "--env-id MinAtar/Breakout-v1 --preset minatar --total-timesteps 50000 --eval-every 50000"
+MINATAR = "--env-id MinAtar/Breakout-v0 --preset minatar --total-timesteps 500000"  # one SGD step of 32 per step
 HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
-ATARI = "--env-id ALE/Breakout-v5 --preset atari --total-timesteps 20000 --learning-starts 5000 --eval-every 20000 "
-ATARI += "--eval-episodes 1 --buffer-size 100000"
+ATARI = "--env-id ALE/Pong-v5 --preset atari --total-timesteps 200000 --learning-starts 50000"  # the 1M replay
 PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     "dqn": [
         ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
         ("DQN CleanRL's CartPole line, 100k steps", "dqn", f"--total-timesteps 100000 --eval-every 100000 {CLEANRL}"),
     ],
-    "minatar": [("DQN MinAtar Breakout --preset minatar, 50k", "dqn", MINATAR)],
+    "minatar": [("DQN MinAtar/Breakout-v0 --preset minatar, 500k", "dqn", MINATAR)],
     "sac": [("SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sac", HALFCHEETAH)],
     "bc": [
         (
@@ -43,7 +43,7 @@ PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     ],
     "cleanrl": [("CleanRL dqn_jax.py (its CartPole line), 100k steps", "cleanrl", "--total-timesteps 100000")],
     "sbx": [("sbx 0.28 SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sbx", "")],
-    "atari": [("DQN ALE/Breakout-v5 --preset atari, actor on cpu, 20k steps", "dqn", ATARI)],
+    "atari": [("DQN ALE/Pong-v5 --preset atari, 200k (learning from 50k)", "dqn", ATARI)],
 }
 PEERS = {PARTS["cleanrl"][0][0]: PARTS["dqn"][1][0], PARTS["sbx"][0][0]: PARTS["sac"][0][0]}  # peer: ours
 SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
@@ -153,7 +153,8 @@ def main() -> None:
         for seed in range(1, 6):
             new.append(run(part, "DQN CartPole-v1 defaults", "dqn", "", "accelerator", seed))
     for label, kind, flags in PARTS.get(part, []):
-        for platform in os.environ.get("PLATFORMS", "accelerator cpu").split():  # PLATFORMS=accelerator: one side
+        sides = "accelerator" if part in ("minatar", "atari") else "accelerator cpu"  # the CPU: hours at these budgets
+        for platform in os.environ.get("PLATFORMS", sides).split():  # PLATFORMS=accelerator: one side
             new.append(run(part, label, kind, flags, platform))
     probe = (
         "import jax, os; print(f'{jax.devices()[0].device_kind}, host {os.cpu_count()} cores, JAX {jax.__version__}')"
