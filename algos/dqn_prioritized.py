@@ -129,7 +129,7 @@ class Args:
     exploration_fraction: Rate = 0.2
     """fraction of --total-timesteps over which epsilon decays linearly"""
     exploration_steps: Optional[Count] = None
-    """environment steps over which epsilon decays linearly, whatever the budget (replaces the fraction)"""
+    """env steps over which epsilon decays linearly, whatever the budget (the presets'; a typed fraction wins)"""
     # Replay
     buffer_size: Count = 50_000
     """replay capacity in transitions"""
@@ -329,6 +329,8 @@ class FrameStore:
         return numbers
 
     def start(self, obs, envs):
+        padded = f"a first stack must be {FRAME_STACK - 1} zero frames, then the first (padding_type='zero')"
+        require(not obs[envs, :-1].any(), f"the image env's frame stacks: {padded}")
         zeros, firsts = self._write(np.zeros_like(obs[envs, -1])), self._write(obs[envs, -1])
         self.stack[envs] = np.concatenate([np.repeat(zeros[:, None], FRAME_STACK - 1, axis=1), firsts[:, None]], 1)
 
@@ -1176,7 +1178,11 @@ def parse_args(argv=None) -> Args:
     preset = None
     for token, after in zip(argv, argv[1:] + [None]):  # the last one wins, as in tyro
         preset = token[9:] if token.startswith("--preset=") else after if token == "--preset" else preset
-    typed = tyro.cli(Args, args=argv, default=Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args())
+    flags = {token.split("=")[0] for token in argv}
+    fraction_typed = "--exploration-fraction" in flags and "--exploration-steps" not in flags
+    fraction = {"exploration_steps": None} if fraction_typed else {}  # wins over a preset's or a run's steps
+    default = Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args()
+    typed = tyro.cli(Args, args=argv, default=dataclasses.replace(default, **fraction))
     if typed.resume is None:
         return typed
     path = os.path.join(typed.resume, "args.json")
@@ -1189,7 +1195,7 @@ def parse_args(argv=None) -> Args:
     require(isinstance(saved, dict) and saved.get("script") == SCRIPT, f"{path}: not a run of {SCRIPT}.py")
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
-    args = tyro.cli(Args, args=argv, default=saved)
+    args = tyro.cli(Args, args=argv, default=dataclasses.replace(saved, **fraction))
     local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
     args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
     require(

@@ -120,5 +120,7 @@ def test_a_presets_exploration_is_in_steps_whatever_the_budget(preset, horizon, 
         horizon_of_run = dqn.exploration_horizon(args)
         epsilon = [dqn.linear_schedule(args.start_e, args.end_e, horizon_of_run, t) for t in (0, horizon // 2, horizon)]
         assert epsilon == pytest.approx([1.0, (1 + end) / 2, end])
+    typed = dqn.parse_args(["--preset", preset, "--exploration-fraction", "0.5", "--total-timesteps", "1000000"])
+    assert dqn.exploration_horizon(typed) == 500_000  # a typed fraction wins over the preset's steps
     saved = {k: v for k, v in dataclasses.asdict(dqn.Args(total_timesteps=50_000)).items() if k != "exploration_steps"}
     assert dqn.exploration_horizon(dqn.args_from_json(saved)) == 0.2 * 50_000
