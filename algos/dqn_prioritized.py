@@ -638,8 +638,9 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
     """The default env factory: vector envs in SAME_STEP autoreset mode (the step that ends an episode
     returns the next one's first observation, the real last one in info["final_obs"]); images get Nature
     DQN's 84x84 grey stacks of 4. ALE games step in ale_py's C++ vector env (threads, preprocessing and
-    stacks inside); filmed, through AtariPreprocessing with the same settings. Other envs step one after
-    another in this thread: gymnasium's async envs were slower for MinAtar and classic control (docs/dqn.md)."""
+    stacks inside); filmed, through AtariPreprocessing with the same settings (but 1-30 no-ops, not 0-29).
+    Other envs step one after another in this thread: gymnasium's async envs were slower for MinAtar
+    (docs/atari_minatar.md)."""
     with contextlib.suppress(ImportError):
         import ale_py  # noqa: F401 (registers the ALE ids)
     try:
