@@ -181,7 +181,7 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
-    num_envs=16,  # and the actor on the learner's device: the fastest pair measured on a TPU (docs/dqn.md)
+    num_envs=16,  # and the actor on the learner's device: the fastest pair measured on a TPU (docs/atari_minatar.md)
     actor_device="learner",
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
@@ -207,7 +207,7 @@ ATARI_PRESET = dict(
 MINATAR_PRESET = dict(
     n_step=3,
     total_timesteps=5_000_000,
-    num_envs=16,  # with 128 SGD steps a call: the fastest measured on a TPU, same replay ratio (docs/dqn.md)
+    num_envs=16,  # with 128 SGD steps a call: the fastest measured on a TPU, same replay ratio (docs/atari_minatar.md)
     updates_per_call=128,
     buffer_size=100_000,
     learning_starts=5_000,
