@@ -24,7 +24,7 @@ from speed_vs_peers import CLEANRL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CHECKPOINTS = ["--checkpoint-every", "0"]
-MINATAR = "--env-id MinAtar/Breakout-v0 --preset minatar --total-timesteps 500000"  # one SGD step of 32 per step
+MINATAR = "--env-id MinAtar/Breakout-v0 --preset minatar --total-timesteps 500000 --updates-per-call 128"
 HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
 ATARI = "--env-id ALE/Pong-v5 --preset atari --total-timesteps 200000 --learning-starts 50000"  # the 1M replay
 PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
@@ -32,7 +32,7 @@ PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
         ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
         ("DQN CleanRL's CartPole line, 100k steps", "dqn", f"--total-timesteps 100000 --eval-every 100000 {CLEANRL}"),
     ],
-    "minatar": [("DQN MinAtar/Breakout-v0 --preset minatar, 500k", "dqn", MINATAR)],
+    "minatar": [("DQN MinAtar/Breakout-v0 --preset minatar --updates-per-call 128, 500k", "dqn", MINATAR)],
     "sac": [("SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sac", HALFCHEETAH)],
     "bc": [
         (

@@ -87,8 +87,12 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
     # Random frames (incompressible); a chunk of stacks is built once per call and reused.
     obs = rng.integers(0, 256, (chunk + 4, 84, 84), dtype=np.uint8)
     stacks = np.lib.stride_tricks.sliding_window_view(obs, 4, axis=0).transpose(0, 3, 1, 2)
+
+    def first_stack(i):  # an episode's first stack: zero frames, then its first (as the ALE's)
+        return np.concatenate([np.zeros((1, 3, 84, 84), np.uint8), stacks[i : i + 1, -1:]], axis=1)
+
     if frames is not None:
-        frames.start(stacks[:1], np.array([0]))
+        frames.start(first_stack(0), np.array([0]))
     added, t = 0, 0
     while added < capacity:
         rows = min(chunk, capacity - added)
@@ -99,7 +103,7 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
             for i in range(rows):
                 batch["obs"][i] = frames.stack[0]
                 done = np.array([(t + 1) % episode == 0])
-                reached, _ = frames.step(stacks[i + 1 : i + 2], stacks[i : i + 1], done)
+                reached, _ = frames.step(stacks[i + 1 : i + 2], first_stack(i) if done[0] else None, done)
                 batch["next_obs"][i] = reached[0]
                 t += 1
         batch.update(
