@@ -328,8 +328,8 @@ class FrameStore:
         return numbers
 
     def start(self, obs, envs):
-        padded = f"a first stack must be {FRAME_STACK - 1} zero frames, then the first (padding_type='zero')"
-        require(not obs[envs, :-1].any(), f"the image env's frame stacks: {padded}")
+        if obs[envs, :-1].any():  # the rows would name zero frames the env never showed
+            raise ConfigError("an image env's first stack must be 3 zero frames, then the first (padding_type='zero')")
         zeros, firsts = self._write(np.zeros_like(obs[envs, -1])), self._write(obs[envs, -1])
         self.stack[envs] = np.concatenate([np.repeat(zeros[:, None], FRAME_STACK - 1, axis=1), firsts[:, None]], 1)
 
