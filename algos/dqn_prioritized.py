@@ -722,12 +722,18 @@ def lost_life(info, lives, done):
     return ((now < lives) & ~done if lives is not None else np.zeros_like(done)), now
 
 
+def env_seed(*entropy: int) -> int:
+    """A vector env seeds env i with reset's seed + i: a seed drawn from the run's seed (and step) keeps
+    runs of seeds 1 and 2 from sharing the streams of all their envs but one."""
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 2)  # env seeds stay int32
+
+
 def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, video=None, stop=None):
     """Returns of whole episodes (unclipped, lives do not end them) on parallel envs, the same seeds
     every time; an evaluation a signal cuts short returns None."""
     with contextlib.closing(env_fn(episodes, video=video)) as envs:
         envs.action_space.seed(seed)
-        obs, _ = envs.reset(seed=seed)
+        obs, _ = envs.reset(seed=env_seed(seed))
         returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng((seed, 1))
         first = int(envs.single_action_space.start)
         while running.any():
@@ -1061,7 +1067,7 @@ def train(args: Args, env_fn=None) -> dict:
 
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
         envs.action_space.seed(args.seed + step)
-        obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
+        obs, _ = envs.reset(seed=env_seed(args.seed, step))  # env state is not saved: a resume starts new episodes
         if frames is not None:
             frames.start(obs, np.arange(args.num_envs))
         stored_obs = obs if frames is None else frames.stack.copy()

@@ -316,3 +316,31 @@ def test_out_of_memory_is_one_line_that_says_so(monkeypatch, capsys):
     assert dqn.cli([]) == 1
     err = capsys.readouterr().err.strip()
     assert "out of memory" in err and len(err.splitlines()) == 1
+
+
+def test_runs_of_two_seeds_share_no_env_streams(tmp_path):
+    """A vector env seeds env i with reset's seed + i, so resets seeded 1 and 2 would give runs of
+    seeds 1 and 2 the same streams in all their envs but one (and a 10-episode evaluation 9 of its 10)."""
+    seeded = {}  # run seed -> the seeds each env got, training's and the evaluation's
+
+    def recording(seed):
+        def env_fn(num_envs, video=None):
+            envs = dqn.make_env("CartPole-v1", num_envs, video)
+            reset = envs.reset
+
+            def reset_recorded(seed=None, options=None):
+                seeded[run_seed] |= {seed + i for i in range(num_envs)}
+                return reset(seed=seed, options=options)
+
+            envs.reset = reset_recorded
+            return envs
+
+        run_seed = seed
+        seeded[seed] = set()
+        return env_fn
+
+    for seed in (1, 2):
+        args = dqn.parse_args(FAST + ["--seed", str(seed), "--num-envs", "4", "--total-timesteps", "100"])
+        dqn.train(dqn.dataclasses.replace(args, run_dir=str(tmp_path / str(seed))), recording(seed))
+    assert len(seeded[1]) == len(seeded[2]) == 4 + 2  # 4 training envs, 2 evaluation episodes
+    assert not seeded[1] & seeded[2]
