@@ -1117,8 +1117,9 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second signal interrupts at once."""
-    if stopped:
+    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second Ctrl-C interrupts at once (a
+    second SIGTERM does not: `timeout` sends it to the run and to its process group)."""
+    if stopped and signum == signal.SIGINT:
         raise KeyboardInterrupt
     stopped.append(signum)
 

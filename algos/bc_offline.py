@@ -936,8 +936,9 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset,
 
 
 def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between calls (an evaluation at once) and checkpoints; a second interrupts."""
-    if stopped:
+    """SIGINT/SIGTERM: the loop stops between calls (an evaluation at once) and checkpoints; a second Ctrl-C
+    interrupts at once (a second SIGTERM does not: `timeout` sends it to the run and to its process group)."""
+    if stopped and signum == signal.SIGINT:
         raise KeyboardInterrupt
     stopped.append(signum)
 

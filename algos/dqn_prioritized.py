@@ -1027,8 +1027,8 @@ def train(args: Args, env_fn=None) -> dict:
         cleanup.callback(sampler.shutdown, cancel_futures=True)
         ahead, writes, stopped = collections.deque(), collections.deque(), []
 
-        def on_signal(signum, frame):  # the loop (or an evaluation) stops and checkpoints; a second signal: at once
-            if stopped:
+        def on_signal(signum, frame):  # the loop (or an evaluation) stops and checkpoints; a second Ctrl-C: at once
+            if stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
                 raise KeyboardInterrupt
             stopped.append(signum)
 

@@ -804,7 +804,7 @@ def train(args: Args, env_fn=None) -> dict:
         ahead, writes, stopped = collections.deque(), collections.deque(), []
 
         def on_signal(signum, frame):  # the loop stops between steps (an evaluation at once) and checkpoints
-            if stopped:  # a second signal interrupts at once
+            if stopped and signum == signal.SIGINT:  # a second Ctrl-C interrupts at once (`timeout` sends TERM twice)
                 raise KeyboardInterrupt
             stopped.append(signum)
 

@@ -451,3 +451,14 @@ def test_a_checkpoint_member_that_is_not_an_array_and_a_flag_this_script_lacks_a
         apex.load_npz(str(path), "checkpoint")
     with pytest.raises(apex.ConfigError, match="rmsprop-eps"):
         apex.args_from_json({"rmsprop_eps": 0.01})
+
+
+def test_a_second_sigterm_is_not_a_second_ctrl_c():
+    """GNU timeout sends SIGTERM to the run and then to its process group: the second one leaves
+    the checkpoint to be written; a second Ctrl-C still interrupts at once."""
+    stopped = []
+    apex.on_signal(stopped, signal.SIGTERM, None)
+    apex.on_signal(stopped, signal.SIGTERM, None)
+    assert set(stopped) == {signal.SIGTERM}  # asked to stop, not interrupted
+    with pytest.raises(KeyboardInterrupt):
+        apex.on_signal(stopped, signal.SIGINT, None)
