@@ -12,6 +12,10 @@
 #   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at 100k)
 #             and --preset atari on ALE/Pong-v5 (30k steps); 2 seeds
 #   apex      Ape-X on CartPole-v1, 1, 2 and 4 actors, beside dqn_prioritized.py; 3 seeds
+#   minatar   MinAtar's five games (-v0) at 1M steps against the MinAtar paper's DQN: --preset minatar
+#             on all five, the paper's replay and 1-step targets on Asterix and Breakout, then Asterix
+#             at 5M; 2 seeds, one run at a time: on a TPU v5e about 5 min a 1M run (95 min in all);
+#             a run stopped by SIGTERM resumes when the mode is run again
 #   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari or
 #             learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
 #             minatar (500k, about 2.5 min on a TPU v5e) and atari (Pong 200k, 2 min) there only
@@ -27,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"  # the repository root: the paths below start there
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-MODES="quick, full, ablation, speed, atari, apex, accelerator or summary"
+MODES="quick, full, ablation, speed, atari, apex, minatar, accelerator or summary"
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^# PYTHON/p' benchmark.sh | sed 's/^# \{0,1\}//'; }
@@ -49,7 +53,7 @@ while (( $# )); do
   esac
 done
 case "$MODE" in
-  quick|full|ablation|speed|atari|apex|summary) ;;
+  quick|full|ablation|speed|atari|apex|minatar|summary) ;;
   accelerator)
     PARTS="dqn minatar sac bc cleanrl sbx atari learning"
     [[ " $PARTS " == *" $PART "* ]] || die "accelerator needs one part of: $PARTS"
@@ -179,6 +183,17 @@ case "$MODE" in
     done
     seeds apex actors2-default CartPole-v1 $APEX --num-actors 2
     seeds apex dqn-prioritized CartPole-v1 $DQN
+    ;;
+  minatar)
+    NSEEDS=${SEEDS:-2} JOBS=1  # an accelerator takes one process
+    MINATAR=(--preset minatar --total-timesteps 1000000)
+    for game in Asterix Breakout Freeway Seaquest SpaceInvaders; do
+      seeds minatar preset "$game-v0" $DQN --env-id "MinAtar/$game-v0" "${MINATAR[@]}"
+    done
+    for game in Asterix Breakout; do
+      seeds minatar paper "$game-v0" $DQN --env-id "MinAtar/$game-v0" "${MINATAR[@]}" --no-prioritized --n-step 1
+    done
+    seeds minatar preset-5m Asterix-v0 $DQN --env-id MinAtar/Asterix-v0 --preset minatar --total-timesteps 5000000
     ;;
 esac
 wait

@@ -24,6 +24,17 @@ from typing import Dict, List, Optional, Tuple
 import gymnasium
 import numpy as np
 
+# The MinAtar paper's DQN (Young & Tian 2019; 30 seeds, sticky actions 0.1, the full action set, i.e. -v0): the
+# moving average of training returns over 100 episodes, read off the DQN curve of kenjyoung/MinAtar's README
+# figure img/learning_curves.gif at 1M and 5M frames (a MinAtar frame is one env step).
+MINATAR_PAPER_DQN = {
+    "Asterix": (10.0, 17.0),  # rising steeply at 1M: 5 at 0.9M, 12 at 1.3M
+    "Breakout": (9.3, 10.0),
+    "Freeway": (48.0, 50.0),
+    "Seaquest": (1.0, 20.0),
+    "SpaceInvaders": (33.0, 43.0),
+}
+MINATAR_BAR = 0.8  # issue 56: the preset's mean over seeds at >= 80% of the paper's DQN
 NORMALIZED_SCORE_THRESHOLD = 90.0  # BC: 90% of the way from a random policy to the data's
 BOOTSTRAP_SAMPLES = 10_000
 APEX_TAGS = ("perf/learner_wait_fraction", "perf/replay_ratio", "apex/param_lag", "apex/actor_restarts")
@@ -45,6 +56,8 @@ class Run:
     updates_per_second: Optional[float] = None
     wall_seconds: Optional[float] = None  # the time the run's processes ran (event files)
     apex: Dict[str, float] = field(default_factory=dict)  # Ape-X: medians of APEX_TAGS over log windows
+    budget: Optional[int] = None  # --total-timesteps
+    training: Optional[float] = None  # MinAtar: the paper's metric, training_return() at the budget
 
     @property
     def final(self) -> Optional[float]:
@@ -121,6 +134,13 @@ def read_throughput(run_dir: str) -> Tuple[Optional[float], Optional[float], Opt
     return env_sps, median(learning_sps), median(ups), (elapsed if elapsed > 0 else None)
 
 
+def training_return(run_dir: str, until: int, episodes: int = 100) -> Optional[float]:
+    """The MinAtar paper's metric: the mean return of the last `episodes` training episodes (epsilon-greedy,
+    charts/episodic_return) that ended at or before env step `until`."""
+    values = [v for step, _, v in scalars(run_dir, "charts/episodic_return") if step <= until][-episodes:]
+    return statistics.mean(values) if values else None
+
+
 def read_medians(run_dir: str, tags) -> Dict[str, float]:
     """The median over log windows of each of `tags` that the run's event files hold."""
     events = event_files(run_dir)
@@ -149,11 +169,14 @@ def load_run(stem: str, root: str) -> Run:
         with open(os.path.join(stem, "args.json")) as f:
             saved = json.load(f)
         run.env_id = saved.get("args", saved).get("env_id")  # the scripts nest the flags under "args"
+        run.budget = saved.get("args", saved).get("total_timesteps")
     except (OSError, ValueError):
         pass
     run.env_sps, run.learning_sps, run.updates_per_second, run.wall_seconds = read_throughput(stem)
     if suite == "apex":
         run.apex = read_medians(stem, APEX_TAGS)
+    if suite == "minatar" and run.budget:
+        run.training = training_return(stem, run.budget)
     return run
 
 
@@ -238,6 +261,62 @@ def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     return lines
 
 
+def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
+    """MinAtar's games against the paper's DQN on the paper's metric (training_return at the run's budget)."""
+    lines = [
+        "| game | config | budget (env steps) | mean of the last 100 training episodes, by seed | mean "
+        "| paper's DQN there | of the paper's | final greedy evaluation, by seed | runs ok |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (config, task), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ok = [r for r in runs if r.status == "ok" and r.training is not None]
+        game, budget = task.split("-")[0], median(r.budget for r in ok)
+        paper = MINATAR_PAPER_DQN.get(game, (None, None))[0 if budget == 1_000_000 else 1]
+        if budget not in (1_000_000, 5_000_000):
+            paper = None  # the figure is read at 1M and 5M only
+        mean = statistics.mean(r.training for r in ok) if ok else None
+        share = f"{100 * mean / paper:.0f}%" if mean is not None and paper else "-"
+        row = [game, config, fmt(budget, 0), ", ".join(fmt(r.training) for r in ok) or "-", fmt(mean)]
+        row += [fmt(paper), share, ", ".join(fmt(r.final) for r in ok) or "-", f"{len(ok)}/{len(runs)}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def minatar_plot(runs: List[Run], out_dir: str) -> Optional[str]:
+    """One panel a game: each run's moving average of 100 training returns, the paper's DQN as stars."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    games = sorted({r.task.split("-")[0] for r in runs})
+    configs = sorted({r.config for r in runs})
+    fig, axes = plt.subplots(1, len(games), figsize=(3.2 * len(games), 3), squeeze=False)
+    for ax, game in zip(axes[0], games):
+        for r in (r for r in runs if r.task.split("-")[0] == game and r.status == "ok"):
+            points = scalars(r.path, "charts/episodic_return")
+            if len(points) >= 100:
+                steps, values = np.array([p[0] for p in points]), np.array([p[2] for p in points])
+                average = np.convolve(values, np.ones(100) / 100, mode="valid")
+                ax.plot(steps[99:], average, color=f"C{configs.index(r.config)}", lw=0.8, label=r.config)
+        longest = max((r.budget or 0 for r in runs if r.task.split("-")[0] == game), default=0)
+        for at, value in zip((1_000_000, 5_000_000), MINATAR_PAPER_DQN.get(game, ())):
+            if at <= longest:
+                ax.plot([at], [value], "k*", ms=9, label="paper's DQN")
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry a label
+        ax.legend(handles.values(), handles.keys(), fontsize=7)
+        ax.set_title(game)
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("training return (100 episodes)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "minatar_games.png"), dpi=100)
+    plt.close(fig)
+    return "minatar_games.png"
+
+
 def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> Optional[str]:
     """Mean eval curve per config over the seeds that finished, band = +- one std over seeds."""
     try:
@@ -313,12 +392,15 @@ def write_summary(root: str, out_dir: str) -> str:
         groups: Dict[Tuple[str, str], List[Run]] = {}
         for r in in_suite:
             groups.setdefault((r.config, r.task), []).append(r)
-        lines += [f"## {suite}", ""] + (apex_table(groups) if suite == "apex" else table(suite, groups)) + [""]
+        tables = {"apex": apex_table, "minatar": minatar_table}
+        lines += [f"## {suite}", ""] + (tables[suite](groups) if suite in tables else table(suite, groups)) + [""]
         memory = os.path.join(root, suite, "replay-memory.jsonl")  # `./benchmark.sh atari` writes it
         if os.path.exists(memory):
             with open(memory) as f:
                 lines += describe_replay_memory([json.loads(line) for line in f])
-        for task in dict.fromkeys(r.task for r in in_suite):
+        if suite == "minatar" and (name := minatar_plot(in_suite, out_dir)):
+            lines += [f"![{suite}]({name})", ""]
+        for task in dict.fromkeys(r.task for r in in_suite if suite != "minatar"):
             name = plot(suite, task, {c: rs for (c, t), rs in groups.items() if t == task}, out_dir)
             if name:
                 lines += [f"![{suite} {task}]({name})", ""]

@@ -247,3 +247,43 @@ def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
     assert speed_vs_peers.cleanrl_rate(str(tmp_path)) == pytest.approx(2_000.0)
     assert speed_vs_peers.last_returns(str(tmp_path)) == pytest.approx(statistics.mean(range(10)))
     assert speed_vs_peers.last_returns(str(tmp_path / "empty")) is None
+
+
+def write_returns(folder, returns_at):
+    """An event file of charts/episodic_return events, (step, value) each, in the order given."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(folder))
+    for step, value in returns_at:
+        value = summary_pb2.Summary.Value(tag="charts/episodic_return", simple_value=value)
+        writer.add_event(event_pb2.Event(wall_time=1.0, step=step, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+
+
+def test_minatar_table_reads_the_papers_metric_at_the_budget(tmp_path):
+    """The MinAtar paper's metric: the mean of the last 100 training returns ending at or before the
+    budget (episodes logged after it, or out of step order, do not count), per seed, beside the
+    paper's DQN at that budget and the share of it."""
+    summary = load_summary()
+    rng = np.random.default_rng(0)
+    expected = []
+    for seed in (1, 2):
+        stem = tmp_path / "runs" / "minatar" / "preset" / "Breakout-v0" / f"seed{seed}"
+        stem.mkdir(parents=True)
+        steps = rng.choice(np.arange(1, 1_200_000), size=400, replace=False)
+        values = rng.normal(8 + seed, 2, size=400).astype(np.float32)
+        write_returns(stem, zip(steps.tolist(), values.tolist()))
+        order = np.argsort(steps)
+        kept = values[order][steps[order] <= 1_000_000][-100:]
+        expected.append(float(kept.mean()))
+        (stem / "args.json").write_text(json.dumps({"args": {"env_id": "MinAtar/Breakout-v0", "total_timesteps": 10**6}}))
+        (stem / "eval.csv").write_text(f"step,mean,std,episodes\n1000000,{10 + seed},1.0,10\n")
+        (tmp_path / "runs" / "minatar" / "preset" / "Breakout-v0" / f"seed{seed}.exit").write_text("0\n")
+        assert summary.training_return(str(stem), 10**6) == pytest.approx(expected[-1], rel=1e-6)
+    text = open(summary.write_summary(str(tmp_path / "runs"), str(tmp_path / "out"))).read()
+    row = next(line for line in text.splitlines() if line.startswith("| Breakout | preset |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "1,000,000" and cells[3] == ", ".join(f"{e:,.1f}" for e in expected)
+    assert cells[5] == "9.3" and cells[6] == f"{100 * np.mean(expected) / 9.3:.0f}%"
+    assert cells[7] == "11.0, 12.0" and cells[8] == "2/2"
