@@ -7,8 +7,6 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
   minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
 
-The rows of BC's input-stage timing (part "bc-stages", the code at commit 57fa37d) still render.
-
 Rate: the median charts/SPS (BC: perf/updates_per_second) over the second half of the run's steps.
 """
 
@@ -123,15 +121,6 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
                     f"\nWhole process on the {platform}: {ours} {a['wall_s']:.1f} s, {peer} {b['wall_s']:.1f} s: "
                     f"{b['wall_s'] / a['wall_s']:.2f}x."
                 )
-    stages = {p: newest.get(("BC input stages", p, 1)) for p in ("accelerator", "cpu")}
-    for p, s in stages.items():
-        if s and "sample_s" in s:
-            k = s["updates_per_call"]
-            lines.append(
-                f"\nBC's input path on the {p}, per call of {k} updates: host sample {1e3 * s['sample_s']:.2f} ms, "
-                f"transfer {1e3 * s['transfer_s']:.2f} ms, update {1e3 * s['update_s']:.2f} ms "
-                f"({k / max(s['sample_s'], s['transfer_s'], s['update_s']):,.0f} updates/s at the slowest stage)."
-            )
     finals = [r for r in rows if r["part"] == "learning" and r.get("final") is not None]
     if finals:
         seen = {r["seed"]: r["final"] for r in finals}

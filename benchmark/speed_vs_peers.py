@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from benchmark_summary import machine, read_throughput, scalars
+from benchmark_summary import machine, read_throughput, scalars, training_return
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # dqn_jax.py's CartPole settings in this project's flags (its target period of 500 env steps = 50 SGD steps)
@@ -69,11 +69,6 @@ def timed(cmd, log, cwd=ROOT):
     return start, end
 
 
-def last_returns(folder):
-    returns = [v for _, _, v in scalars(folder, "charts/episodic_return")[-10:]]
-    return statistics.mean(returns) if returns else None
-
-
 def cleanrl_rate(folder):
     """dqn_jax.py logs charts/SPS every 100 steps of its learning phase: its env steps over the wall
     time between the first and the last of those events."""
@@ -96,7 +91,7 @@ def same_settings(a, algo, side, pair):
         cmd = [a.python, os.path.join(a.before, script) if side == "before" else script, *flags, *QUIET, *seed]
         cmd += ["--run-dir", stem]
         start, end = timed(cmd, stem + ".log")
-        rate, returns, extra = read_throughput(stem)[1], last_returns(stem), {}
+        rate, returns, extra = read_throughput(stem)[1], training_return(stem, 2**63, 10), {}
     elif side == "sbx":
         cmd = [a.sbx_python, "benchmark/sbx_peer.py", *SAME[algo]["sbx"].split(), *seed]
         start, end = timed(cmd, stem + ".log")
@@ -106,7 +101,7 @@ def same_settings(a, algo, side, pair):
         os.makedirs(stem)
         cmd = [a.cleanrl_python, a.cleanrl_dqn, *SAME[algo]["cleanrl"].split(), *seed]
         start, end = timed(cmd, stem + ".log", cwd=stem)
-        rate, returns, extra = cleanrl_rate(stem), last_returns(stem), {}
+        rate, returns, extra = cleanrl_rate(stem), training_return(stem, 2**63, 10), {}
     print(
         f"same {algo} {side} pair {pair}: {end - start:.1f} s, {rate or 0:.0f} env steps/s, last 10 {returns}",
         flush=True,

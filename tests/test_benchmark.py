@@ -245,8 +245,8 @@ def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
         writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
     writer.close()
     assert speed_vs_peers.cleanrl_rate(str(tmp_path)) == pytest.approx(2_000.0)
-    assert speed_vs_peers.last_returns(str(tmp_path)) == pytest.approx(statistics.mean(range(10)))
-    assert speed_vs_peers.last_returns(str(tmp_path / "empty")) is None
+    assert speed_vs_peers.training_return(str(tmp_path), 2**63, 10) == pytest.approx(statistics.mean(range(10)))
+    assert speed_vs_peers.training_return(str(tmp_path / "empty"), 2**63, 10) is None
 
 
 def write_returns(folder, returns_at):
@@ -277,7 +277,8 @@ def test_minatar_table_reads_the_papers_metric_at_the_budget(tmp_path):
         order = np.argsort(steps)
         kept = values[order][steps[order] <= 1_000_000][-100:]
         expected.append(float(kept.mean()))
-        (stem / "args.json").write_text(json.dumps({"args": {"env_id": "MinAtar/Breakout-v0", "total_timesteps": 10**6}}))
+        flags = {"env_id": "MinAtar/Breakout-v0", "total_timesteps": 10**6}
+        (stem / "args.json").write_text(json.dumps({"args": flags}))
         (stem / "eval.csv").write_text(f"step,mean,std,episodes\n1000000,{10 + seed},1.0,10\n")
         (tmp_path / "runs" / "minatar" / "preset" / "Breakout-v0" / f"seed{seed}.exit").write_text("0\n")
         assert summary.training_return(str(stem), 10**6) == pytest.approx(expected[-1], rel=1e-6)
@@ -286,4 +287,4 @@ def test_minatar_table_reads_the_papers_metric_at_the_budget(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "1,000,000" and cells[3] == ", ".join(f"{e:,.1f}" for e in expected)
     assert cells[5] == "9.3" and cells[6] == f"{100 * np.mean(expected) / 9.3:.0f}%"
-    assert cells[7] == "11.0, 12.0" and cells[8] == "2/2"
+    assert cells[7] == "11.0, 12.0"
