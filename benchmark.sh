@@ -16,8 +16,8 @@
 #             on all five, the paper's replay and 1-step targets on Asterix and Breakout, then Asterix
 #             at 5M; 2 seeds, one run at a time: on a TPU v5e about 5 min a 1M run (95 min in all);
 #             a run stopped by SIGTERM resumes when the mode is run again
-#   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari or
-#             learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
+#   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari,
+#             cleanrl-atari or learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
 #             minatar (500k, about 2.5 min on a TPU v5e) and atari (Pong 200k, 2 min) there only
 #   summary   only rebuild the summary from the runs already there
 #
@@ -55,7 +55,7 @@ done
 case "$MODE" in
   quick|full|ablation|speed|atari|apex|minatar|summary) ;;
   accelerator)
-    PARTS="dqn minatar sac bc cleanrl sbx atari learning"
+    PARTS="dqn minatar sac bc cleanrl sbx atari cleanrl-atari learning"
     [[ " $PARTS " == *" $PART "* ]] || die "accelerator needs one part of: $PARTS"
     if [ "$("$PYTHON" -c 'import jax; print(jax.default_backend())')" = cpu ]; then
       echo "benchmark.sh accelerator: JAX sees no accelerator here (only the CPU): nothing to measure"; exit 0

@@ -4,6 +4,10 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
 9-minute call of a lent machine; PARTS says what each runs, and:
 
   cleanrl  CleanRL's own dqn_jax.py (CLEANRL_PYTHON, CLEANRL_DQN); sbx: sbx's SAC (SBX_PYTHON)
+  cleanrl-atari  CleanRL's dqn_atari_jax.py (CLEANRL_PYTHON, CLEANRL_ATARI_DQN; ale_py imported first, which
+           registers the ALE ids that gymnasium 0.29 no longer finds by itself), accelerator only; its rate: its
+           env steps over the wall time between its log events at the budget's middle and end (its own SPS
+           counts from its start)
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
   minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
 
@@ -17,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from benchmark_summary import median, scalars
+from benchmark_summary import median, scalars, window_rate
 from speed_vs_peers import CLEANRL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +29,8 @@ NO_CHECKPOINTS = ["--checkpoint-every", "0"]
 MINATAR = "--env-id MinAtar/Breakout-v0 --preset minatar --total-timesteps 500000 --updates-per-call 128"
 HALFCHEETAH = "--env-id HalfCheetah-v5 --total-timesteps 25000 --learning-starts 5000 --eval-every 25000"
 ATARI = "--env-id ALE/Pong-v5 --preset atari --total-timesteps 200000 --learning-starts 50000"  # the 1M replay
+ATARI_CLEANRL = "--total-timesteps 200000 --learning-starts 50000"  # its own flags otherwise (issue 56)
+WITH_ALE = "import ale_py, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     "dqn": [
         ("DQN CartPole-v1 defaults, 50k steps", "dqn", "--total-timesteps 50000 --eval-every 50000"),
@@ -42,6 +48,9 @@ PARTS = {  # label (the key of its rows in accelerator.jsonl), kind, flags
     "cleanrl": [("CleanRL dqn_jax.py (its CartPole line), 100k steps", "cleanrl", "--total-timesteps 100000")],
     "sbx": [("sbx 0.28 SAC HalfCheetah-v5, 25k steps (learning from 5k)", "sbx", "")],
     "atari": [("DQN ALE/Pong-v5 --preset atari, 200k (learning from 50k)", "dqn", ATARI)],
+    "cleanrl-atari": [
+        ("CleanRL dqn_atari_jax.py (its Breakout line), 200k (learning from 50k)", "cleanrl-atari", ATARI_CLEANRL)
+    ],
 }
 PEERS = {PARTS["cleanrl"][0][0]: PARTS["dqn"][1][0], PARTS["sbx"][0][0]: PARTS["sac"][0][0]}  # peer: ours
 SCRIPTS = {"dqn": "algos/dqn_prioritized.py", "sac": "algos/sac.py", "bc": "algos/bc_offline.py"}
@@ -62,6 +71,9 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
     work = tempfile.mkdtemp(prefix="accel-")
     if kind == "cleanrl":
         cmd = [os.environ["CLEANRL_PYTHON"], os.environ["CLEANRL_DQN"], "--seed", str(seed), *flags.split()]
+    elif kind == "cleanrl-atari":
+        script = os.environ["CLEANRL_ATARI_DQN"]
+        cmd = [os.environ["CLEANRL_PYTHON"], "-c", WITH_ALE, script, "--seed", str(seed), *flags.split()]
     elif kind == "sbx":
         sbx = [os.path.join(ROOT, "benchmark/sbx_peer.py"), "sac", "--env-id", "HalfCheetah-v5"]
         cmd = [os.environ["SBX_PYTHON"], *sbx, "--total-timesteps", "25000", "--seed", str(seed)]
@@ -70,9 +82,7 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
         cmd = [sys.executable, os.path.join(ROOT, SCRIPTS[kind]), "--seed", str(seed), *flags.split()]
         cmd += NO_CHECKPOINTS + ["--run-dir", run_dir]
     start = time.time()
-    out = subprocess.run(
-        cmd, cwd=ROOT if kind not in ("cleanrl", "sbx") else work, env=env, text=True, capture_output=True
-    )
+    out = subprocess.run(cmd, cwd=ROOT if kind in SCRIPTS else work, env=env, text=True, capture_output=True)
     wall = time.time() - start
     tail = [line for line in (out.stdout + out.stderr).splitlines() if line.strip() and "warn" not in line.lower()][-3:]
     row = dict(part=part, label=label, platform=platform, seed=seed, wall_s=round(wall, 1), rc=out.returncode)
@@ -83,6 +93,8 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
         row["final"] = float(final[-1].split(":")[1].split()[0]) if final else None
     elif kind == "cleanrl":
         row["rate"] = median_second_half(work, "charts/SPS")  # CleanRL's SPS counts from its start
+    elif kind == "cleanrl-atari":
+        row["rate"] = window_rate(work, 100_000)
     print(json.dumps(row), flush=True)
     return row
 
@@ -142,7 +154,7 @@ def main() -> None:
         for seed in range(1, 6):
             new.append(run(part, "DQN CartPole-v1 defaults", "dqn", "", "accelerator", seed))
     for label, kind, flags in PARTS.get(part, []):
-        sides = "accelerator" if part in ("minatar", "atari") else "accelerator cpu"  # the CPU: hours at these budgets
+        sides = "accelerator" if part in ("minatar", "atari", "cleanrl-atari") else "accelerator cpu"  # the CPU: hours
         for platform in os.environ.get("PLATFORMS", sides).split():  # PLATFORMS=accelerator: one side
             new.append(run(part, label, kind, flags, platform))
     probe = (

@@ -135,6 +135,13 @@ def training_return(run_dir: str, until: int, episodes: int = 100) -> Optional[f
     return statistics.mean(values) if values else None
 
 
+def window_rate(folder: str, since: int = 0) -> Optional[float]:
+    """Env steps over the wall time between the first charts/SPS event at or after step `since` and the last
+    (a peer's own SPS may count from its start)."""
+    sps = [(step, t) for step, t, _ in scalars(folder, "charts/SPS") if step >= since]
+    return (sps[-1][0] - sps[0][0]) / (sps[-1][1] - sps[0][1]) if len(sps) > 1 else None
+
+
 def read_medians(run_dir: str, tags) -> Dict[str, float]:
     """The median over log windows of each of `tags` that the run's event files hold."""
     events = event_files(run_dir)

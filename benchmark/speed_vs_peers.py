@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from benchmark_summary import machine, read_throughput, scalars, training_return
+from benchmark_summary import machine, read_throughput, training_return, window_rate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # dqn_jax.py's CartPole settings in this project's flags (its target period of 500 env steps = 50 SGD steps)
@@ -69,13 +69,6 @@ def timed(cmd, log, cwd=ROOT):
     return start, end
 
 
-def cleanrl_rate(folder):
-    """dqn_jax.py logs charts/SPS every 100 steps of its learning phase: its env steps over the wall
-    time between the first and the last of those events."""
-    sps = scalars(folder, "charts/SPS")
-    return (sps[-1][0] - sps[0][0]) / (sps[-1][1] - sps[0][1]) if len(sps) > 1 else None
-
-
 def peer_result(log):
     with open(log) as f:
         lines = [line for line in f if line.startswith("PEER ")]
@@ -101,7 +94,9 @@ def same_settings(a, algo, side, pair):
         os.makedirs(stem)
         cmd = [a.cleanrl_python, a.cleanrl_dqn, *SAME[algo]["cleanrl"].split(), *seed]
         start, end = timed(cmd, stem + ".log", cwd=stem)
-        rate, returns, extra = cleanrl_rate(stem), training_return(stem, 2**63, 10), {}
+        rate, returns, extra = window_rate(
+            stem
+        )  # dqn_jax.py logs charts/SPS in its learning phase only, training_return(stem, 2**63, 10), {}
     print(
         f"same {algo} {side} pair {pair}: {end - start:.1f} s, {rate or 0:.0f} env steps/s, last 10 {returns}",
         flush=True,

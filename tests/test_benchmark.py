@@ -229,8 +229,9 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
 
 def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
     """benchmark/speed_vs_peers.py: a peer's learning-phase rate is its env steps over the wall time
-    between its first and last charts/SPS events, and "last returns" the mean of the last 10 episodes
-    in step order, found in event files however deep the peer puts them."""
+    between its first and last charts/SPS events (accelerator.py's cleanrl-atari: from a given step on),
+    and "last returns" the mean of the last 10 episodes in step order, found in event files however deep
+    the peer puts them."""
     sys.path.insert(0, os.path.join(ROOT, "benchmark"))
     import speed_vs_peers
     from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -244,7 +245,9 @@ def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
         writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
     writer.close()
-    assert speed_vs_peers.cleanrl_rate(str(tmp_path)) == pytest.approx(2_000.0)
+    assert speed_vs_peers.window_rate(str(tmp_path)) == pytest.approx(2_000.0)
+    assert speed_vs_peers.window_rate(str(tmp_path), 10_500) == pytest.approx(2_000.0)  # steps 10.5k-11k
+    assert speed_vs_peers.window_rate(str(tmp_path), 11_000) is None  # one event: no window
     assert speed_vs_peers.training_return(str(tmp_path), 2**63, 10) == pytest.approx(statistics.mean(range(10)))
     assert speed_vs_peers.training_return(str(tmp_path / "empty"), 2**63, 10) is None
 
