@@ -724,7 +724,8 @@ def lost_life(info, lives, done):
 
 def env_seed(*entropy: int) -> int:
     """A vector env seeds env i with reset's seed + i: a seed drawn from the run's seed (and step) keeps
-    runs of seeds 1 and 2 from sharing the streams of all their envs but one."""
+    runs of seeds 1 and 2 from sharing the streams of all their envs but one. The callers end `entropy`
+    with a nonzero tag of their own: SeedSequence ignores trailing zeros ((1, 0) is 1)."""
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 2)  # env seeds stay int32
 
 
@@ -733,7 +734,7 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
     every time; an evaluation a signal cuts short returns None."""
     with contextlib.closing(env_fn(episodes, video=video)) as envs:
         envs.action_space.seed(seed)
-        obs, _ = envs.reset(seed=env_seed(seed))
+        obs, _ = envs.reset(seed=env_seed(seed, 2))
         returns, running, rng = np.zeros(episodes), np.ones(episodes, bool), np.random.default_rng((seed, 1))
         first = int(envs.single_action_space.start)
         while running.any():
@@ -1067,7 +1068,7 @@ def train(args: Args, env_fn=None) -> dict:
 
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
         envs.action_space.seed(args.seed + step)
-        obs, _ = envs.reset(seed=env_seed(args.seed, step))  # env state is not saved: a resume starts new episodes
+        obs, _ = envs.reset(seed=env_seed(args.seed, step, 1))  # env state is not saved: a resume starts new episodes
         if frames is not None:
             frames.start(obs, np.arange(args.num_envs))
         stored_obs = obs if frames is None else frames.stack.copy()

@@ -106,7 +106,7 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
     lines = [
         f"# Accelerator against its host CPU\n\nDevice: {device}. "
         "`./benchmark.sh accelerator PART`; rate: the median charts/SPS (BC: updates/s) over the "
-        "second half of the run; time: the whole process.\n",
+        "second half of the run (CleanRL's Atari: its steps over its time from 100k); time: the whole process.\n",
         "| workload | accelerator: rate, time | host CPU: rate, time | rate ratio | date, commit |",
         "|---|---|---|---:|---|",
     ]

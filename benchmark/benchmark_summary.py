@@ -264,33 +264,46 @@ def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
 
 def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     """MinAtar's games against the paper's DQN on the paper's metric (training_return at the run's budget)."""
-    columns = "game, config, budget, last 100 training episodes by seed, mean, paper's DQN, share, final evaluations"
-    lines = ["| " + " | ".join(columns.split(", ")) + " |", "|---" * 8 + "|"]
+    columns = (
+        "game, config, budget, last 100 training episodes by seed, mean, paper's DQN, share, final evaluations, ok"
+    )
+    lines = ["| " + " | ".join(columns.split(", ")) + " |", "|---" * 9 + "|"]
     for (config, task), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         ok, game = [r for r in runs if r.status == "ok" and r.training is not None], task.split("-")[0]
         budget, mean = median(r.budget for r in ok), statistics.mean(r.training for r in ok) if ok else None
         paper = dict(zip((10**6, 5 * 10**6), MINATAR_PAPER_DQN.get(game, ()))).get(budget)
         share = f"{100 * mean / paper:.0f}%" if mean is not None and paper else "-"
-        seeds = ", ".join(fmt(r.training) for r in ok) or "-"
-        row = [game, config, fmt(budget, 0), seeds, fmt(mean), fmt(paper), share, ", ".join(fmt(r.final) for r in ok)]
+        seeds, finals = ", ".join(fmt(r.training) for r in ok) or "-", ", ".join(fmt(r.final) for r in ok) or "-"
+        row = [game, config, fmt(budget, 0), seeds, fmt(mean), fmt(paper), share, finals, f"{len(ok)}/{len(runs)}"]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
-def minatar_plot(runs: List[Run], out_dir: str) -> str:
+def minatar_plot(runs: List[Run], out_dir: str) -> Optional[str]:
     """One panel a game: each run's moving average of 100 training returns; the paper's DQN as stars."""
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
 
-    games, configs = sorted({r.task.split("-")[0] for r in runs}), sorted({r.config for r in runs})
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    returns = [(r, scalars(r.path, "charts/episodic_return")) for r in runs if r.status == "ok"]
+    returns = [(r, points) for r, points in returns if len(points) >= 100]  # a moving average of 100
+    if not returns:
+        return None
+    games, configs = sorted({r.task.split("-")[0] for r, _ in returns}), sorted({r.config for r, _ in returns})
     fig, axes = plt.subplots(1, len(games), figsize=(3.2 * len(games), 3), squeeze=False)
     for ax, game in zip(axes[0], games):
-        mine = [r for r in runs if r.task.split("-")[0] == game and r.status == "ok"]
-        for r in mine:
-            steps, _, values = zip(*scalars(r.path, "charts/episodic_return"))
+        mine = [(r, points) for r, points in returns if r.task.split("-")[0] == game]
+        for r, points in mine:
+            steps, _, values = zip(*points)
             average = np.convolve(values, np.ones(100) / 100, mode="valid")
             ax.plot(steps[99:], average, f"C{configs.index(r.config)}", lw=0.8, label=r.config)
-        at = [b for b in (10**6, 5 * 10**6) if b <= max(r.budget or 0 for r in mine)]
-        ax.plot(at, MINATAR_PAPER_DQN[game][: len(at)], "k*", ms=9, label="paper's DQN")
+        longest = max(r.budget or 0 for r, _ in mine)
+        paper = [(b, v) for b, v in zip((10**6, 5 * 10**6), MINATAR_PAPER_DQN.get(game, ())) if b <= longest]
+        if paper:
+            ax.plot(*zip(*paper), "k*", ms=9, label="paper's DQN")
         legend = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry a label
         ax.legend(legend.values(), legend.keys(), fontsize=7)
         ax.set(title=game, xlabel="env steps", ylabel="training return (100 episodes)")
@@ -381,8 +394,8 @@ def write_summary(root: str, out_dir: str) -> str:
         if os.path.exists(memory):
             with open(memory) as f:
                 lines += describe_replay_memory([json.loads(line) for line in f])
-        if suite == "minatar":
-            lines += [f"![minatar]({minatar_plot(in_suite, out_dir)})", ""]
+        if suite == "minatar" and (name := minatar_plot(in_suite, out_dir)):
+            lines += [f"![minatar]({name})", ""]
         for task in dict.fromkeys(r.task for r in in_suite if suite != "minatar"):
             name = plot(suite, task, {c: rs for (c, t), rs in groups.items() if t == task}, out_dir)
             if name:

@@ -94,9 +94,8 @@ def same_settings(a, algo, side, pair):
         os.makedirs(stem)
         cmd = [a.cleanrl_python, a.cleanrl_dqn, *SAME[algo]["cleanrl"].split(), *seed]
         start, end = timed(cmd, stem + ".log", cwd=stem)
-        rate, returns, extra = window_rate(
-            stem
-        )  # dqn_jax.py logs charts/SPS in its learning phase only, training_return(stem, 2**63, 10), {}
+        # dqn_jax.py logs charts/SPS in its learning phase only
+        rate, returns, extra = window_rate(stem), training_return(stem, 2**63, 10), {}
     print(
         f"same {algo} {side} pair {pair}: {end - start:.1f} s, {rate or 0:.0f} env steps/s, last 10 {returns}",
         flush=True,

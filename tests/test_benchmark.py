@@ -1,11 +1,13 @@
 """./benchmark.sh argument checks, and benchmark/'s helpers (the summary, the accelerator table, the peers'
 event files) on tiny runs made here."""
 
+import argparse
 import csv
 import glob
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -227,7 +229,7 @@ def test_summary_reads_back_what_the_runs_logged_and_reports_crashes(tmp_path):
     assert (out / "tiny_CartPole-v1.png").stat().st_size > 0 and "(tiny_CartPole-v1.png)" in text
 
 
-def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
+def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path, monkeypatch):
     """benchmark/speed_vs_peers.py: a peer's learning-phase rate is its env steps over the wall time
     between its first and last charts/SPS events (accelerator.py's cleanrl-atari: from a given step on),
     and "last returns" the mean of the last 10 episodes in step order, found in event files however deep
@@ -250,6 +252,17 @@ def test_speed_vs_peers_reads_each_side_from_its_event_files(tmp_path):
     assert speed_vs_peers.window_rate(str(tmp_path), 11_000) is None  # one event: no window
     assert speed_vs_peers.training_return(str(tmp_path), 2**63, 10) == pytest.approx(statistics.mean(range(10)))
     assert speed_vs_peers.training_return(str(tmp_path / "empty"), 2**63, 10) is None
+
+    # The CleanRL side of a sitting reads its run back the same way (its run stubbed: no CleanRL here).
+    def cleanrl_writes_its_run(cmd, log, cwd):
+        shutil.copytree(deep, os.path.join(cwd, "runs", deep.name))
+        return 0.0, 1.0
+
+    monkeypatch.setattr(speed_vs_peers, "timed", cleanrl_writes_its_run)
+    args = argparse.Namespace(out=str(tmp_path / "out"), cleanrl_python="python", cleanrl_dqn="dqn_jax.py")
+    record = speed_vs_peers.same_settings(args, "dqn", "cleanrl", 1)
+    assert record["learning_env_steps_per_s"] == pytest.approx(2_000.0)
+    assert record["last_returns"] == pytest.approx(statistics.mean(range(10)))
 
 
 def write_returns(folder, returns_at):
@@ -285,9 +298,15 @@ def test_minatar_table_reads_the_papers_metric_at_the_budget(tmp_path):
         (stem / "eval.csv").write_text(f"step,mean,std,episodes\n1000000,{10 + seed},1.0,10\n")
         (tmp_path / "runs" / "minatar" / "preset" / "Breakout-v0" / f"seed{seed}.exit").write_text("0\n")
         assert summary.training_return(str(stem), 10**6) == pytest.approx(expected[-1], rel=1e-6)
+    for task in ("Breakout-v0", "Freeway-v0"):  # a crashed run beside them; Freeway's only run
+        crashed = tmp_path / "runs" / "minatar" / "preset" / task / "seed3"
+        crashed.mkdir(parents=True)
+        (crashed.parent / "seed3.exit").write_text("1\n")
     text = open(summary.write_summary(str(tmp_path / "runs"), str(tmp_path / "out"))).read()
     row = next(line for line in text.splitlines() if line.startswith("| Breakout | preset |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "1,000,000" and cells[3] == ", ".join(f"{e:,.1f}" for e in expected)
     assert cells[5] == "9.3" and cells[6] == f"{100 * np.mean(expected) / 9.3:.0f}%"
-    assert cells[7] == "11.0, 12.0"
+    assert cells[7] == "11.0, 12.0" and cells[8] == "2/3"
+    assert "| Freeway | preset | - | - | - | - | - | - | 0/1 |" in text  # counted, not averaged
+    assert "minatar_games.png" in text and (tmp_path / "out" / "minatar_games.png").exists()
