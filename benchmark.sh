@@ -187,7 +187,7 @@ case "$MODE" in
   minatar)
     NSEEDS=${SEEDS:-2} JOBS=1  # an accelerator takes one process
     MINATAR=(--preset minatar --total-timesteps 1000000)
-    for game in Asterix Breakout Freeway Seaquest SpaceInvaders; do
+    for game in Breakout Asterix Freeway Seaquest SpaceInvaders; do  # Breakout first: 16 envs against 1
       seeds minatar preset "$game-v0" $DQN --env-id "MinAtar/$game-v0" "${MINATAR[@]}"
     done
     for game in Asterix Breakout; do
