@@ -129,9 +129,9 @@ def read_eval(run_dir):
 
 def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
     """RecordVideo films the reset frame and one frame per step of the first episode of sub-env 0;
-    CartPole's return is its length. (Uniformly random actions: a 36-step episode. moviepy 2.x
-    drops the last frame of a clip where n times 1/fps sums to under n/fps, Zulko/moviepy#2507:
-    at CartPole's 50 fps for 11-14 frames and most counts from 207 on, not for 37.)"""
+    CartPole's return is its length. (Uniformly random actions: an episode of 15-206 steps, which the
+    test checks first: moviepy 2.x drops the last frame of a clip where n times 1/fps sums to under
+    n/fps, Zulko/moviepy#2507: at CartPole's 50 fps for 11-14 frames and most counts from 207 on.)"""
     net = dqn.QNetwork(2, (32, 32))
     params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
     folder = str(tmp_path / "videos")
@@ -139,7 +139,8 @@ def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
     returns = dqn.evaluate(dqn.make_act(net.apply, 2), params, env_fn, 2, 1.0, 2, video=(folder, "eval-step-7"))
     assert os.listdir(folder) == ["eval-step-7-episode-0.mp4"]  # one episode of one sub-env
     frames = video_frames(os.path.join(folder, "eval-step-7-episode-0.mp4"))
-    assert returns[0] == 36 and len(frames) == returns[0] + 1
+    assert 15 <= returns[0] <= 206, returns  # the premise: a length moviepy films whole
+    assert len(frames) == returns[0] + 1
     assert frames[0].shape == (400, 600, 3)  # CartPole's render size
     assert 0 < frames[0].mean() < 255  # a picture, not a blank frame
 
