@@ -6,8 +6,8 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
   cleanrl  CleanRL's own dqn_jax.py (CLEANRL_PYTHON, CLEANRL_DQN); sbx: sbx's SAC (SBX_PYTHON)
   cleanrl-atari  CleanRL's dqn_atari_jax.py (CLEANRL_PYTHON, CLEANRL_ATARI_DQN; ale_py imported first, which
            registers the ALE ids that gymnasium 0.29 no longer finds by itself), accelerator only; its rate: its
-           env steps over the wall time between its log events at the budget's middle and end (its own SPS
-           counts from its start)
+           env steps over the wall time between its log events at 100k and at its end (its own SPS counts
+           from its start)
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
   minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
 

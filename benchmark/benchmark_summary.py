@@ -262,6 +262,16 @@ def apex_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     return lines
 
 
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None where matplotlib is not installed (the tables still are)."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    plt.switch_backend("Agg")
+    return plt
+
+
 def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
     """MinAtar's games against the paper's DQN on the paper's metric (training_return at the run's budget)."""
     columns = (
@@ -281,12 +291,7 @@ def minatar_table(groups: Dict[Tuple[str, str], List[Run]]) -> List[str]:
 
 def minatar_plot(runs: List[Run], out_dir: str) -> Optional[str]:
     """One panel a game: each run's moving average of 100 training returns; the paper's DQN as stars."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return None
     returns = [(r, scalars(r.path, "charts/episodic_return")) for r in runs if r.status == "ok"]
     returns = [(r, points) for r, points in returns if len(points) >= 100]  # a moving average of 100
@@ -315,12 +320,7 @@ def minatar_plot(runs: List[Run], out_dir: str) -> Optional[str]:
 
 def plot(suite: str, task: str, groups: Dict[str, List[Run]], out_dir: str) -> Optional[str]:
     """Mean eval curve per config over the seeds that finished, band = +- one std over seeds."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return None
     finished = {config: ok for config, runs in groups.items() if (ok := [r for r in runs if r.status == "ok"])}
     if not finished:
