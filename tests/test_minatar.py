@@ -96,7 +96,7 @@ def test_preset_minatar_from_the_command_line():
         1_000,
     )
     assert args.end_e == 0.1 and dqn.exploration_horizon(args) == 100_000
-    assert args.n_step == 3 and args.prioritized  # Rainbow's replay on top
+    assert args.n_step == 1 and args.prioritized  # the paper's 1-step targets, PER on top (Asterix: docs)
     typed = dqn.parse_args(["--preset=minatar", "--batch-size", "64", "--no-prioritized"])
     assert typed.batch_size == 64 and not typed.prioritized and typed.buffer_size == 100_000
 
