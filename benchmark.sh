@@ -13,7 +13,7 @@
 #             and --preset atari on ALE/Pong-v5 (30k steps); 2 seeds
 #   apex      Ape-X on CartPole-v1, 1, 2 and 4 actors, beside dqn_prioritized.py; 3 seeds
 #   minatar   MinAtar's five games (-v0) at 1M steps against the MinAtar paper's DQN: --preset minatar
-#             on all five, the paper's replay and 1-step targets on Asterix and Breakout (2 seeds), then
+#             on all five, the paper's replay (uniform, 1-step) on Asterix and Breakout (2 seeds), then
 #             Asterix at 5M (seed 1); one run at a time: on a TPU v5e about 5 min a 1M run (100 min in all);
 #             a run stopped by SIGTERM resumes when the mode is run again
 #   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari,
