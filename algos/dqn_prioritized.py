@@ -203,8 +203,8 @@ ATARI_PRESET = dict(
     log_every=10_000,
 )
 # The MinAtar paper's DQN (Young & Tian 2019, its examples/dqn.py): one step is one frame; PER on top
-# (--no-prioritized: the paper's replay). 1-step targets, as the paper's: on Asterix at 1M Rainbow's 3-step
-# returns ended at 3.1 against 14.2 (docs/atari_minatar.md compares the configurations per game).
+# (--no-prioritized: the paper's replay). 1-step targets, as the paper's: Rainbow's 3-step returns lost
+# most of Asterix's return at 1M (docs/atari_minatar.md compares the configurations per game).
 MINATAR_PRESET = dict(
     n_step=1,
     total_timesteps=5_000_000,
