@@ -146,3 +146,23 @@ def test_importance_weights_are_normalised_per_minibatch(name):
     raw = w_all[batches["obs"][..., 0].astype(np.int64)]  # by each row's own slot, [K, B]
     # Acme / Dopamine: the largest weight of each minibatch is 1 (cpprb's own rule divides by the buffer's)
     np.testing.assert_allclose(batches["weights"], raw / raw.max(axis=1, keepdims=True), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_minibatch_takes_one_row_from_each_1_over_b_of_the_priority_mass(name):
+    """The PER paper's rule exactly (B.2.1): to sample a minibatch of B, [0, p_total] is cut into B equal
+    ranges and one row is drawn from each. Rows sorted by slot are in mass order (the sum tree sums slots in
+    order), so the j-th of them must own mass in the j-th range. Deterministic: a sliced K*B draw, or one
+    draw of K*B dealt out by any permutation that ignores the ranges, breaks it."""
+    n, batch_size, k, alpha, eps = 3_000, 32, 16, 0.6, 1e-6
+    r = Replay(name, n, alpha, eps)
+    priorities = np.random.default_rng(2).uniform(0.1, 2.0, n)
+    r.set_priorities(priorities)
+    mass = np.concatenate([[0.0], np.cumsum((priorities + eps) ** alpha)])  # slot i owns [mass[i], mass[i+1])
+    for _ in range(5):
+        slots = np.sort(r.call(batch_size, k)[0]["obs"][..., 0].astype(np.int64), axis=1)  # [K, B]
+        edges = mass[-1] * np.arange(batch_size + 1) / batch_size  # range j is [edges[j], edges[j+1])
+        slack = 1e-9 * mass[-1]  # float sums in cpprb's tree against numpy's
+        owns = (mass[slots] < edges[1:] + slack) & (mass[slots + 1] > edges[:-1] - slack)
+        bad = np.argwhere(~owns)
+        assert not len(bad), f"minibatch {bad[0][0]}: its row {bad[0][1]} (slot order) has no mass in range {bad[0][1]}"
