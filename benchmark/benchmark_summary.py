@@ -380,7 +380,8 @@ def write_summary(root: str, out_dir: str) -> str:
         "",
         f"Made by `benchmark/benchmark_summary.py` from the runs under `{root}`; machine: {machine()}.",
         "Final eval = the evaluation at the end of each run; ± is the std over seeds; the CI is a "
-        "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std.",
+        "95% bootstrap interval of the mean over seeds. Plots: mean over seeds, band ± one std; MinAtar's: each "
+        "run's mean of its last 100 training episodes.",
         "",
     ]
     for suite in sorted({r.suite for r in runs}):

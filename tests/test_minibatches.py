@@ -150,19 +150,25 @@ def test_importance_weights_are_normalised_per_minibatch(name):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_each_minibatch_takes_one_row_from_each_1_over_b_of_the_priority_mass(name):
-    """The PER paper's rule exactly (B.2.1): to sample a minibatch of B, [0, p_total] is cut into B equal
-    ranges and one row is drawn from each. Rows sorted by slot are in mass order (the sum tree sums slots in
-    order), so the j-th of them must own mass in the j-th range. Deterministic: a sliced K*B draw, or one
-    draw of K*B dealt out by any permutation that ignores the ranges, breaks it."""
-    n, batch_size, k, alpha, eps = 3_000, 32, 16, 0.6, 1e-6
+    """The PER paper's rule (B.2.1): to sample a minibatch of B, [0, p_total] is cut into B equal ranges and
+    one row is drawn from each, anywhere in it. Rows sorted by slot are in mass order (the sum tree sums slots
+    in order), so the j-th of them must own mass in the j-th range; over calls, a minibatch's rows must fall
+    across the whole of their ranges. A sliced K*B draw, one K*B draw under a global permutation, or one K*B
+    draw dealt out round-robin (minibatch k always in the k-th 1/K of each range) breaks it."""
+    n, batch_size, k, alpha, eps, calls = 3_000, 32, 16, 0.6, 1e-6, 5
     r = Replay(name, n, alpha, eps)
     priorities = np.random.default_rng(2).uniform(0.1, 2.0, n)
     r.set_priorities(priorities)
     mass = np.concatenate([[0.0], np.cumsum((priorities + eps) ** alpha)])  # slot i owns [mass[i], mass[i+1])
-    for _ in range(5):
+    edges = mass[-1] * np.arange(batch_size + 1) / batch_size  # range j is [edges[j], edges[j+1])
+    slack = 1e-6 * mass[-1]  # cpprb's tree sums in float32
+    where = []  # [calls, K, B]: each row's position within its range, 0 to 1
+    for _ in range(calls):
         slots = np.sort(r.call(batch_size, k)[0]["obs"][..., 0].astype(np.int64), axis=1)  # [K, B]
-        edges = mass[-1] * np.arange(batch_size + 1) / batch_size  # range j is [edges[j], edges[j+1])
-        slack = 1e-9 * mass[-1]  # float sums in cpprb's tree against numpy's
         owns = (mass[slots] < edges[1:] + slack) & (mass[slots + 1] > edges[:-1] - slack)
         bad = np.argwhere(~owns)
         assert not len(bad), f"minibatch {bad[0][0]}: its row {bad[0][1]} (slot order) has no mass in range {bad[0][1]}"
+        where.append(np.clip((mass[slots] + mass[slots + 1]) / 2 - edges[:-1], 0, None) / (edges[1] - edges[0]))
+    spread = np.ptp(np.stack(where).transpose(1, 0, 2).reshape(k, -1), axis=1)  # per minibatch, over 160 rows
+    # 160 rows from anywhere in their ranges spread over ~0.99 of a range; round-robin dealing over at most 1/K.
+    assert spread.min() > 0.5, f"minibatch {spread.argmin()} keeps to {spread.min():.2f} of each range"
