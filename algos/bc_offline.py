@@ -193,11 +193,12 @@ class PrioritizedDataset:
             indexes = self.rng.integers(0, len(self.obs), batch_size * num_batches)
             ones = np.ones(len(indexes), np.float32)
             return {"obs": self.obs[indexes], "action": self.actions[indexes], "weights": ones}, indexes
-        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): K draws of B.
-        draw = functools.partial(self.buffer.sample, batch_size, beta=self.beta)  # one beta for the K
-        with self.lock:  # cpprb reuses its arrays: each draw is copied before the next
-            draws = [{k: v.copy() for k, v in draw().items()} for _ in range(num_batches)]
-        batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each
+        # 1/B. One draw of K*B takes one from each 1/(K*B); the K in each 1/B are dealt out to the K minibatches.
+        deal = self.rng.permuted(np.arange(num_batches * batch_size).reshape(batch_size, num_batches), axis=1)
+        with self.lock:  # indexing copies: cpprb reuses its arrays
+            draw = self.buffer.sample(num_batches * batch_size, beta=self.beta)  # one beta for the K
+            batch = {key: value[deal.T.reshape(-1)] for key, value in draw.items()}
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
         weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)

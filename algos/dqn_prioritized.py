@@ -368,6 +368,7 @@ class PrioritizedReplay:
         self.stage_rows = min(128, capacity)
         self.stage = {k: np.zeros((self.stage_rows,) + shape, dtype) for k, (shape, dtype) in self.spec.items()}
         self.staged = self.stale = 0
+        self.rng = np.random.default_rng()  # deals the draws out (cpprb's own draws are not seeded either)
 
     def add(self, rows: Optional[dict]) -> None:
         done, total = 0, 0 if rows is None else len(rows["action"])
@@ -392,19 +393,19 @@ class PrioritizedReplay:
 
     def sample(self, batch_size: int, num_batches: int = 1):
         """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts), each minibatch
-        stratified over the whole priority mass (Schaul et al. 2016, B.2.1), as one cpprb call of K*B rows is
-        not. A frame row overwritten since its insert gets weight 0 and no write-back."""
-        beta = self.beta  # once: the K minibatches of a call share one beta
+        stratified over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. cpprb
+        stratifies one draw of K*B rows into K*B ranges, K in each 1/B; each 1/B's K rows are dealt out to the K
+        minibatches in random order, so a minibatch's row there is uniform over that 1/B. A frame row overwritten
+        since its insert gets weight 0 and no write-back."""
+        k, b = num_batches, batch_size
+        deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays:
-                draw["indexes"] = draw["indexes"].astype(np.int64)  # copy them (astype, the division)
-                draw["weights"] = draw["weights"] / draw["weights"].max()  # per minibatch, as Acme, Dopamine
-                draws.append(draw)
-            batch = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes")
+            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
+            batch = {key: value[deal] for key, value in draw.items()}  # copies: cpprb reuses its arrays
+            indexes = batch.pop("indexes").astype(np.int64).reshape(-1)
             stamps = self.write_count[indexes]
+        weights = batch["weights"].reshape(k, b)
+        batch["weights"] = weights / weights.max(axis=1, keepdims=True)  # per minibatch, as Acme, Dopamine
         for key in ("action", "reward", "discount", "weights"):
             batch[key] = batch[key].reshape(-1)
         batch["weights"] = batch["weights"].astype(np.float32)

@@ -231,6 +231,7 @@ class PrioritizedReplay:
         self.stage_rows = min(128, capacity)
         self.stage = {k: np.zeros((self.stage_rows,) + shape, np.float32) for k, shape in self.spec.items()}
         self.staged = 0
+        self.rng = np.random.default_rng()  # deals the draws out (cpprb's own draws are not seeded either)
 
     def add(self, rows: dict) -> None:
         done, total = 0, len(rows["action"])
@@ -254,21 +255,19 @@ class PrioritizedReplay:
         self.staged = 0
 
     def sample(self, batch_size: int, num_batches: int = 1):
-        """(batches[K, B, ...] with IS 'weights', slot indexes[K * B], their write counts)."""
-        # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1);
-        # cpprb stratifies one call, so one call of K*B rows would give minibatch k a thin slice.
-        beta = self.beta  # once: the K minibatches of a call share one beta
+        """(batches[K, B, ...] with IS 'weights', slot indexes[K * B], their write counts). PER stratifies each
+        minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. One cpprb
+        draw of K*B rows takes one from each 1/(K*B), K in each 1/B; those K are dealt out to the K minibatches in
+        random order, so a minibatch's row there is uniform over that 1/B."""
+        k, b = num_batches, batch_size
+        deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
-            draws = []
-            for _ in range(num_batches):
-                draw = self.buffer.sample(batch_size, beta=beta)  # cpprb reuses its arrays: copy them
-                draw["indexes"], draw["weights"] = draw["indexes"].astype(np.int64), draw["weights"].copy()
-                draws.append(draw)
-            batch = {key: np.stack([d[key] for d in draws]) for key in draws[0]}
-            indexes = batch.pop("indexes").reshape(-1)
+            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
+            batch = {key: value[deal].reshape((k, b) + value.shape[1:]) for key, value in draw.items()}  # copies
+            indexes = batch.pop("indexes").astype(np.int64).reshape(-1)
             stamps = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(num_batches, batch_size).astype(np.float32)
+            batch[key] = batch[key].reshape(k, b).astype(np.float32)
         batch["weights"] /= batch["weights"].max(axis=1, keepdims=True)  # per minibatch, as Acme, Dopamine
         return batch, indexes, stamps
 
