@@ -195,13 +195,14 @@ class PrioritizedDataset:
             return {"obs": self.obs[indexes], "action": self.actions[indexes], "weights": ones}, indexes
         # PER stratifies each minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each
         # 1/B. One draw of K*B takes one from each 1/(K*B); the K in each 1/B are dealt out to the K minibatches.
-        deal = self.rng.permuted(np.arange(num_batches * batch_size).reshape(batch_size, num_batches), axis=1)
+        k, b = num_batches, batch_size
+        deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:  # indexing copies: cpprb reuses its arrays
-            draw = self.buffer.sample(num_batches * batch_size, beta=self.beta)  # one beta for the K
-            batch = {key: value[deal.T.reshape(-1)] for key, value in draw.items()}
+            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
+            batch = {key: value[deal] for key, value in draw.items()}
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
-        weights = batch["weights"].reshape(num_batches, batch_size).astype(np.float32)
+        weights = batch["weights"].reshape(k, b).astype(np.float32)
         batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)  # per minibatch, as Acme
         return batch, batch.pop("indexes").astype(np.int64)
 
