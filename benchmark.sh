@@ -18,7 +18,8 @@
 #             a run stopped by SIGTERM resumes when the mode is run again
 #   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari,
 #             cleanrl-atari or learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
-#             minatar (500k, about 1.5 min on a TPU v5e), atari (Pong 200k, 2 min) and cleanrl-atari there only
+#             minatar (500k, about 1.5 min on a TPU v5e), atari (Pong 200k, 2 min) and cleanrl-atari (9 min, then
+#             stopped: CLEANRL_ATARI_LIMIT) there only
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores; speed, atari and apex: one at a time)

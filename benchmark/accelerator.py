@@ -6,8 +6,9 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
   cleanrl  CleanRL's own dqn_jax.py (CLEANRL_PYTHON, CLEANRL_DQN); sbx: sbx's SAC (SBX_PYTHON)
   cleanrl-atari  CleanRL's dqn_atari_jax.py (CLEANRL_PYTHON, CLEANRL_ATARI_DQN; ale_py imported first, which
            registers the ALE ids that gymnasium 0.29 no longer finds by itself), accelerator only; its rate: its
-           env steps over the wall time between its log events at 100k and at its end (its own SPS counts
-           from its start)
+           env steps over the wall time between its log events at 100k and at its last (its own SPS counts
+           from its start). Its 200k take ~14 min on a TPU v5e: CLEANRL_ATARI_LIMIT seconds (540) end it by
+           SIGINT, and its row says the step it stopped at
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
   minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
 
@@ -16,6 +17,7 @@ Rate: the median charts/SPS (BC: perf/updates_per_second) over the second half o
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,20 +83,30 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
         run_dir = os.path.join(work, "run")
         cmd = [sys.executable, os.path.join(ROOT, SCRIPTS[kind]), "--seed", str(seed), *flags.split()]
         cmd += NO_CHECKPOINTS + ["--run-dir", run_dir]
-    start = time.time()
-    out = subprocess.run(cmd, cwd=ROOT if kind in SCRIPTS else work, env=env, text=True, capture_output=True)
+    start, stopped = time.time(), False
+    limit = float(os.environ.get("CLEANRL_ATARI_LIMIT", 540)) if kind == "cleanrl-atari" else None
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT if kind in SCRIPTS else work, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        (stdout, _), stopped = proc.communicate(), True
     wall = time.time() - start
-    tail = [line for line in (out.stdout + out.stderr).splitlines() if line.strip() and "warn" not in line.lower()][-3:]
-    row = dict(part=part, label=label, platform=platform, seed=seed, wall_s=round(wall, 1), rc=out.returncode)
+    tail = [line for line in stdout.splitlines() if line.strip() and "warn" not in line.lower()][-3:]
+    row = dict(part=part, label=label, platform=platform, seed=seed, wall_s=round(wall, 1), rc=proc.returncode)
     row.update(date=time.strftime("%Y-%m-%d"), tail=tail)
     if kind in SCRIPTS:
         row["rate"] = median_second_half(run_dir, "perf/updates_per_second" if kind == "bc" else "charts/SPS")
-        final = [line for line in out.stdout.splitlines() if line.startswith("final eval")]
+        final = [line for line in stdout.splitlines() if line.startswith("final eval")]
         row["final"] = float(final[-1].split(":")[1].split()[0]) if final else None
     elif kind == "cleanrl":
         row["rate"] = median_second_half(work, "charts/SPS")  # CleanRL's SPS counts from its start
     elif kind == "cleanrl-atari":
         row["rate"] = window_rate(work, 100_000)
+        if stopped:
+            row["stopped_at"] = max((step for step, _, _ in scalars(work, "charts/SPS")), default=0)
     print(json.dumps(row), flush=True)
     return row
 
@@ -118,7 +130,9 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
             return (
                 "-"
                 if r is None
-                else f"{r.get('rate') or 0:,.0f}, {r['wall_s']:.1f} s" + ("" if r["rc"] == 0 else " (failed)")
+                else f"{r.get('rate') or 0:,.0f}, {r['wall_s']:.1f} s"
+                + (f" (stopped at {r['stopped_at']:,} steps)" if r.get("stopped_at") else "")
+                + ("" if r["rc"] == 0 or r.get("stopped_at") else " (failed)")
             )
 
         ratio = f"{a['rate'] / c['rate']:.2f}x" if a and c and a.get("rate") and c.get("rate") else "-"

@@ -82,6 +82,18 @@ def test_accelerator_table_pairs_each_workload_with_its_host_cpu_and_peer(tmp_pa
     assert f"{cleanrl} 120.0 s: 4.00x" in text
 
 
+def test_accelerator_table_says_where_a_run_cut_by_the_call_limit_stopped(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    import accelerator
+
+    peer = accelerator.PARTS["cleanrl-atari"][0][0]
+    row = dict(part="cleanrl-atari", label=peer, platform="accelerator", wall_s=545.0, rc=-2, rate=194.3, date="d")
+    accelerator.write_md([dict(row, stopped_at=122_300)], tmp_path / "a.md", "TPU", "abc")
+    assert f"| {peer} | 194, 545.0 s (stopped at 122,300 steps) | - | - | d, - |" in (tmp_path / "a.md").read_text()
+    accelerator.write_md([row], tmp_path / "b.md", "TPU", "abc")  # a non-zero exit without a stop is a failure
+    assert "194, 545.0 s (failed)" in (tmp_path / "b.md").read_text()
+
+
 def test_summary_of_an_empty_folder_is_one_clear_error(tmp_path):
     result = bench("summary", "--runs", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode != 0
