@@ -322,3 +322,21 @@ def test_minatar_table_reads_the_papers_metric_at_the_budget(tmp_path):
     assert cells[7] == "11.0, 12.0" and cells[8] == "2/3"
     assert "| Freeway | preset | - | - | - | - | - | - | 0/1 |" in text  # counted, not averaged
     assert "minatar_games.png" in text and (tmp_path / "out" / "minatar_games.png").exists()
+
+
+def test_thread_profile_finds_where_each_thread_waits(tmp_path):
+    script = tmp_path / "sleepy.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "def napping():\n    time.sleep(0.6)\n"
+        "def spinning():\n    end = time.time() + 0.6\n    while time.time() < end:\n        pass\n"
+        "t = threading.Thread(target=napping, name='napper')\nt.start()\nspinning()\nt.join()\nsys.exit(3)\n"
+    )
+    stacks, profile = tmp_path / "stacks.txt", os.path.join(ROOT, "benchmark", "thread_profile.py")
+    run = subprocess.run([sys.executable, profile, "run", str(stacks), str(script)], capture_output=True, timeout=60)
+    assert run.returncode == 3  # the script's own exit, its stacks written at exit all the same
+    out = subprocess.run([sys.executable, profile, "summary", str(stacks), "sleepy.py"], capture_output=True, text=True)
+    sections = {block.split(":")[0]: block for block in out.stdout.split("thread ")[1:]}
+    top = {name: block.splitlines()[1] for name, block in sections.items()}
+    assert "napping (sleepy.py:3) -> napping (sleepy.py:3)" in top["napper"], out.stdout
+    assert "spinning (sleepy.py:" in top["MainThread"], out.stdout
