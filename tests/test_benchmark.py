@@ -332,7 +332,7 @@ def test_thread_profile_finds_where_each_thread_waits(tmp_path):
         "def spinning():\n    end = time.time() + 0.6\n    while time.time() < end:\n        pass\n"
         "t = threading.Thread(target=napping, name='napper')\nt.start()\nspinning()\nt.join()\nsys.exit(3)\n"
     )
-    stacks, profile = tmp_path / "stacks.txt", os.path.join(ROOT, "benchmark", "thread_profile.py")
+    stacks, profile = tmp_path / "stacks.txt", os.path.join(ROOT, "tools", "thread_profile.py")
     run = subprocess.run([sys.executable, profile, "run", str(stacks), str(script)], capture_output=True, timeout=60)
     assert run.returncode == 3  # the script's own exit, its stacks written at exit all the same
     out = subprocess.run([sys.executable, profile, "summary", str(stacks), "sleepy.py"], capture_output=True, text=True)

@@ -1,8 +1,8 @@
 """Where each thread of a run spends its wall time, for the docs' "what binds" rows (py-spy cannot attach on
 the lent TPU machine, so this samples from inside the process).
 
-    python benchmark/thread_profile.py run STACKS algos/dqn_prioritized.py --env-id ALE/Pong-v5 --preset atari ...
-    python benchmark/thread_profile.py summary STACKS [SCRIPT_NAME]
+    python tools/thread_profile.py run STACKS algos/dqn_prioritized.py --env-id ALE/Pong-v5 --preset atari ...
+    python tools/thread_profile.py summary STACKS [SCRIPT_NAME]
 
 `run` executes the script as __main__ while a daemon thread records every other thread's stack each 5 ms;
 at exit the folded stacks ("thread NAME;frame;...;frame COUNT") go to STACKS. `summary` drops the start
