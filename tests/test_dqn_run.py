@@ -344,3 +344,31 @@ def test_runs_of_two_seeds_share_no_env_streams(tmp_path):
         dqn.train(dqn.dataclasses.replace(args, run_dir=str(tmp_path / str(seed))), recording(seed))
     assert len(seeded[1]) == len(seeded[2]) == 4 + 2  # 4 training envs, 2 evaluation episodes
     assert not seeded[1] & seeded[2]
+
+
+def test_a_preset_run_folder_from_before_exploration_steps_resumes_with_its_fraction(tmp_path):
+    """A --preset minatar folder written before --exploration-steps (its args.json has no such key)
+    resumes end to end, its epsilon still decaying over its fraction of the budget, not the preset's 100k."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, fast = str(tmp_path / "run"), ["--learning-starts", "9000", "--eval-every", "9000", "--log-every", "500"]
+    flags = ["--preset", "minatar", "--env-id", "MinAtar/Breakout-v1", "--total-timesteps", "1000", *fast]
+    assert run_cli(flags + ["--exploration-fraction", "0.25", "--checkpoint-every", "1000", "--run-dir", run_dir]) == 0
+    path = os.path.join(run_dir, "args.json")
+    with open(path) as f:
+        saved = json.load(f)
+    del saved["args"]["exploration_steps"]
+    saved["args"]["exploration_fraction"] = 0.25
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    assert run_cli(["--resume", run_dir, "--total-timesteps", "2000"]) == 0
+    epsilon = {}
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("events.out"):
+            acc = EventAccumulator(os.path.join(run_dir, name), size_guidance={"scalars": 0})
+            acc.Reload()
+            epsilon.update({e.step: e.value for e in acc.Scalars("charts/epsilon")})
+    assert max(epsilon) == 2000
+    assert epsilon[2000] == pytest.approx(0.1)  # 0.25 of 2000 is past; the preset's 100k would give 0.98
