@@ -922,7 +922,9 @@ def train(args: Args) -> dict:
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
+            state, key, step, episodes, redo = load_checkpoint(
+                run_dir, state, replay, num_actions, args.total_timesteps
+            )
         sgd_done, rows = int(state.sgd_steps), replay.size()
         sgd_base, learn_from = 0, args.learning_starts
         if rows < args.learning_starts:  # a resume with fewer rows waits for new ones, and does not catch up after
@@ -1096,7 +1098,7 @@ def train(args: Args) -> dict:
         return {**summary, "eval_mean": float(returns.mean())}
 
 
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int, total: int):
     """(train state, key, step, episodes, an evaluation cut short?) of RUN_DIR/checkpoint.npz; its replay too."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
@@ -1111,8 +1113,10 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     require(0 <= int(state.sgd_steps) < 2**31, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
-    rows = replay.size()
-    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)", flush=True)
+    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+    note = f"; the schedules now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    line = f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {replay.size()} rows in the replay)"
+    print(line + note, flush=True)
     return state, key, step, episodes, meta.get("eval_missed") is True
 
 

@@ -1017,7 +1017,7 @@ def train(args: Args, env_fn=None) -> dict:
         update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions)
+            state, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions, args.total_timesteps)
         state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
@@ -1162,7 +1162,7 @@ def train(args: Args, env_fn=None) -> dict:
         return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
 
 
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int):
+def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int, total: int):
     """(train state, global step, episodes, whether an evaluation was cut short); loads the replay too."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
@@ -1173,7 +1173,9 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
     rows = replay.buffer.get_stored_size()
-    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay)")
+    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+    note = f"; the schedules now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
     return state, step, episodes, meta.get("eval_missed") is True
 
 

@@ -370,7 +370,8 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     assert step >= 10_000 and rows >= step - 2 * 50 and sgd > 0
     second = run_script("--resume", str(tmp_path), "--total-timesteps", str(step + 6000))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows in the replay)" in second.stdout
+    resumed = f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows in the replay)"
+    assert f"{resumed}; the schedules now run to --total-timesteps {step + 6000}, not 400000" in second.stdout
     meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")
     assert meta2["global_step"] >= step + 6000 and int(arrays2["train_state/sgd_steps"]) > sgd
     assert len(arrays2["replay/priority"]) >= rows

@@ -78,7 +78,7 @@ def test_import_has_no_side_effects():
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
 
 
-def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
+def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     assert run_cli(FAST + ["--total-timesteps", "2000", "--checkpoint-every", "1000", "--run-dir", run_dir]) == 0
     meta, arrays = dqn.load_npz(run_dir, "checkpoint")
@@ -97,8 +97,10 @@ def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path):
     for name, value in dqn.tree_arrays("train_state/", restored).items():
         np.testing.assert_array_equal(value, arrays[name])
 
-    # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000.
+    # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000, the line says so.
+    capsys.readouterr()
     assert run_cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
+    assert "; the schedules now run to --total-timesteps 3000, not 2000" in capsys.readouterr().out
     meta2, arrays2 = dqn.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 3000
     assert int(arrays2["train_state/sgd_steps"]) == (3000 - 200) // 2 // 4 * 4

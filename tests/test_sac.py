@@ -257,10 +257,11 @@ def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     assert meta["global_step"] == 600
     assert int(arrays["train_state/sgd_steps"]) == (600 - 256) // 4 * 4
     assert len(arrays["replay/priority"]) == 600
+    capsys.readouterr()
     assert sac.cli(["--resume", run_dir, "--total-timesteps", "800"]) == 0
     meta2, arrays2 = sac.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 800 and int(arrays2["train_state/sgd_steps"]) == (800 - 256) // 4 * 4
-    capsys.readouterr()
+    assert "; the schedules now run to --total-timesteps 800, not 600" in capsys.readouterr().out
     # A saved model is evaluated by tools/sac_evaluate.py.
     evaluate = load_tool("sac_evaluate")
     assert evaluate.main([os.path.join(run_dir, "model.npz"), "--episodes", "2"]) == 0
