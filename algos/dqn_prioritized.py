@@ -1174,7 +1174,7 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     replay.load_state_dict(arrays, path, num_actions)
     rows = replay.buffer.get_stored_size()
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = f"; the schedules now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
     print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
     return state, step, episodes, meta.get("eval_missed") is True
 

@@ -7,7 +7,7 @@ OUT/accelerator.md is rebuilt from the newest row of every (workload, platform).
   cleanrl-atari  CleanRL's dqn_atari_jax.py (CLEANRL_PYTHON, CLEANRL_ATARI_DQN; ale_py imported first, which
            registers the ALE ids that gymnasium 0.29 no longer finds by itself), accelerator only; its rate: its
            env steps over the wall time between its log events at 100k and at its last (its own SPS counts
-           from its start). Its 200k take ~14 min on a TPU v5e: CLEANRL_ATARI_LIMIT seconds (540) end it by
+           from its start). Its 200k take ~16 min on a TPU v5e: CLEANRL_ATARI_LIMIT seconds (540) end it by
            SIGINT, and its row says the step it stopped at
   learning DQN CartPole-v1 defaults, seeds 1-5, accelerator only: the final evaluations
   minatar, atari  the presets at issue 56's budgets (MinAtar 500k, Pong 200k with the 1M replay), accelerator only
@@ -92,7 +92,11 @@ def run(part: str, label: str, kind: str, flags: str, platform: str, seed: int =
         stdout, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)
-        (stdout, _), stopped = proc.communicate(), True
+        try:
+            (stdout, _), stopped = proc.communicate(timeout=60), True
+        except subprocess.TimeoutExpired:  # it ignored SIGINT
+            proc.kill()
+            (stdout, _), stopped = proc.communicate(), True
     wall = time.time() - start
     tail = [line for line in stdout.splitlines() if line.strip() and "warn" not in line.lower()][-3:]
     row = dict(part=part, label=label, platform=platform, seed=seed, wall_s=round(wall, 1), rc=proc.returncode)
@@ -130,7 +134,8 @@ def write_md(rows: list, path: str, device: str, commit: str) -> None:
             return (
                 "-"
                 if r is None
-                else f"{r.get('rate') or 0:,.0f}, {r['wall_s']:.1f} s"
+                else (f"{r['rate']:,.0f}" if r.get("rate") else "-")
+                + f", {r['wall_s']:.1f} s"
                 + (f" (stopped at {r['stopped_at']:,} steps)" if r.get("stopped_at") else "")
                 + ("" if r["rc"] == 0 or r.get("stopped_at") else " (failed)")
             )

@@ -340,3 +340,17 @@ def test_thread_profile_finds_where_each_thread_waits(tmp_path):
     top = {name: block.splitlines()[1] for name, block in sections.items()}
     assert "napping (sleepy.py:3) -> napping (sleepy.py:3)" in top["napper"], out.stdout
     assert "spinning (sleepy.py:" in top["MainThread"], out.stdout
+
+
+def test_a_peer_run_past_its_limit_is_stopped_and_says_so(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    import accelerator
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("CLEANRL_PYTHON", sys.executable)
+    monkeypatch.setenv("CLEANRL_ATARI_DQN", str(script))
+    monkeypatch.setenv("CLEANRL_ATARI_LIMIT", "3")
+    row = accelerator.run("cleanrl-atari", "peer", "cleanrl-atari", "", "accelerator")
+    assert row["rc"] != 0 and row["wall_s"] < 30 and row["tail"][-1] == "KeyboardInterrupt"  # SIGINT, as ^C
+    assert row["stopped_at"] == 0 and row["rate"] is None  # stopped before it logged a step

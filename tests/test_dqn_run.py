@@ -73,7 +73,7 @@ def one_line(capsys, *words):
     return err
 
 
-def test_import_has_no_side_effects():
+def test_import_starts_nothing():
     out = import_in_fresh_process("dqn_prioritized")
     assert out.returncode == 0 and "clean" in out.stdout, out.stderr
 
@@ -100,7 +100,7 @@ def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path, capsys):
     # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000, the line says so.
     capsys.readouterr()
     assert run_cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
-    assert "; the schedules now run to --total-timesteps 3000, not 2000" in capsys.readouterr().out
+    assert "; beta and the budget's schedules now run to 3000 steps, not 2000" in capsys.readouterr().out
     meta2, arrays2 = dqn.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 3000
     assert int(arrays2["train_state/sgd_steps"]) == (3000 - 200) // 2 // 4 * 4

@@ -6,7 +6,8 @@ the lent TPU machine, so this samples from inside the process).
 
 `run` executes the script as __main__ while a daemon thread records every other thread's stack each 5 ms;
 at exit the folded stacks ("thread NAME;frame;...;frame COUNT") go to STACKS. `summary` drops the start
-(imports, compiles, the TPU client) and tqdm's monitor thread (STACKS may be gzipped), then prints for each
+(any sample in imports, compiles or the TPU client; a run's random-action warm-up stays in) and tqdm's
+monitor thread (STACKS may be gzipped), then prints for each
 thread the share of its samples at each (deepest frame in SCRIPT_NAME -> leaf frame), most first.
 """
 
