@@ -16,10 +16,9 @@
 #             on all five, the paper's replay (uniform, 1-step) on Asterix and Breakout (2 seeds), then
 #             Asterix at 5M (seed 1); one run at a time: on a TPU v5e about 5 min a 1M run (100 min in all);
 #             a run stopped by SIGTERM resumes when the mode is run again
-#   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari,
-#             cleanrl-atari or learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md;
-#             minatar (500k, about 1.5 min on a TPU v5e), atari (Pong 200k, 2 min) and cleanrl-atari (9 min, then
-#             stopped: CLEANRL_ATARI_LIMIT) there only
+#   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari, cleanrl-atari
+#             or learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md; minatar
+#             (500k, 1.5 min on a TPU v5e), atari (Pong 200k, 2 min), cleanrl-atari (stopped at 9 min) there only
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores; speed, atari and apex: one at a time)
