@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -351,6 +352,12 @@ def test_a_peer_run_past_its_limit_is_stopped_and_says_so(tmp_path, monkeypatch)
     monkeypatch.setenv("CLEANRL_PYTHON", sys.executable)
     monkeypatch.setenv("CLEANRL_ATARI_DQN", str(script))
     monkeypatch.setenv("CLEANRL_ATARI_LIMIT", "3")
-    row = accelerator.run("cleanrl-atari", "peer", "cleanrl-atari", "", "accelerator")
+    # A shell's background job (xdist's workers too) ignores SIGINT, and so would the child: run it as from a
+    # terminal, where a handler here means the default disposition there.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        row = accelerator.run("cleanrl-atari", "peer", "cleanrl-atari", "", "accelerator")
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert row["rc"] != 0 and row["wall_s"] < 30 and row["tail"][-1] == "KeyboardInterrupt"  # SIGINT, as ^C
     assert row["stopped_at"] == 0 and row["rate"] is None  # stopped before it logged a step
