@@ -1114,7 +1114,9 @@ def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, 
     require(0 <= int(state.sgd_steps) < 2**31, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = f"; beta now anneals to 1 at --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    note = (
+        f"; beta and an annealed lr now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
+    )
     line = f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {replay.size()} rows in the replay)"
     print(line + note, flush=True)
     return state, key, step, episodes, meta.get("eval_missed") is True

@@ -371,7 +371,7 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     second = run_script("--resume", str(tmp_path), "--total-timesteps", str(step + 6000))
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = f"resumed {tmp_path} at step {step} ({sgd} SGD steps, {rows} rows in the replay)"
-    assert f"{resumed}; beta now anneals to 1 at --total-timesteps {step + 6000}, not 400000" in second.stdout
+    assert f"{resumed}; beta and an annealed lr now run to --total-timesteps {step + 6000}, not 400000" in second.stdout
     meta2, arrays2 = apex.load_npz(str(tmp_path / "checkpoint.npz"), "checkpoint")
     assert meta2["global_step"] >= step + 6000 and int(arrays2["train_state/sgd_steps"]) > sgd
     assert len(arrays2["replay/priority"]) >= rows

@@ -2,6 +2,7 @@
 bad input, imports."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from helpers import ROOT, import_in_fresh_process, load_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 dqn = load_script("dqn_prioritized")
 SCRIPT = os.path.join(ROOT, "algos", "dqn_prioritized.py")
@@ -351,10 +353,6 @@ def test_runs_of_two_seeds_share_no_env_streams(tmp_path):
 def test_a_preset_run_folder_from_before_exploration_steps_resumes_with_its_fraction(tmp_path):
     """A --preset minatar folder written before --exploration-steps (its args.json has no such key)
     resumes end to end, its epsilon still decaying over its fraction of the budget, not the preset's 100k."""
-    import json
-
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run_dir, fast = str(tmp_path / "run"), ["--learning-starts", "9000", "--eval-every", "9000", "--log-every", "500"]
     flags = ["--preset", "minatar", "--env-id", "MinAtar/Breakout-v1", "--total-timesteps", "1000", *fast]
     assert run_cli(flags + ["--exploration-fraction", "0.25", "--checkpoint-every", "1000", "--run-dir", run_dir]) == 0
