@@ -261,6 +261,16 @@ class QNetwork(nn.Module):
         return nn.Dense(self.num_actions)(x)
 
 
+def make_network(args: Args, space: gym.spaces.Box, num_actions: int) -> QNetwork:
+    """The Q-network of these flags for this observation space (tools/ build theirs here too)."""
+    return QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
+
+
+def is_planes(space) -> bool:
+    """MinAtar's bool feature planes (H, W, C): the state itself, kept as is, no frame stack."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
+
+
 # ------------------------------------------------------------------------------------------- REPLAY
 
 
@@ -355,7 +365,7 @@ class PrioritizedReplay:
     only where the slot still holds the row it was computed for."""
 
     def __init__(self, capacity, obs_shape, obs_dtype, alpha, eps, frames: Optional[FrameStore] = None):
-        self.capacity, self.frames, self.beta = capacity, frames, 0.4
+        self.capacity, self.frames = capacity, frames
         if frames is not None:
             obs_shape, obs_dtype = (FRAME_STACK,), np.int64
         kinds = [(tuple(obs_shape), obs_dtype), ((), np.int64), ((), np.float32), (tuple(obs_shape), obs_dtype)]
@@ -391,31 +401,37 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def sample(self, batch_size: int, num_batches: int = 1):
-        """(K minibatches of B rows flat with IS 'weights', slot indexes, their write counts), each minibatch
+    def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0):
+        """(K minibatches [K, B, ...] with IS 'weights', slot indexes [K * B], their write counts), each minibatch
         stratified over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. cpprb
         stratifies one draw of K*B rows into K*B ranges, K in each 1/B; each 1/B's K rows are dealt out to the K
         minibatches in random order, so a minibatch's row there is uniform over that 1/B. A frame row overwritten
-        since its insert gets weight 0 and no write-back."""
+        since its insert gets weight 0 and no write-back. Rows add() still stages are not drawn until flush()."""
         k, b = num_batches, batch_size
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
-            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
-            batch = {key: value[deal] for key, value in draw.items()}  # copies: cpprb reuses its arrays
+            if not self.buffer.get_stored_size():
+                raise ValueError(f"sample: no rows in the replay yet ({self.staged} staged: flush() hands them over)")
+            draw = self.buffer.sample(k * b, beta=beta)  # one beta for the K minibatches
+            batch = {key: value[deal].reshape((k, b) + value.shape[1:]) for key, value in draw.items()}  # copies
             indexes = batch.pop("indexes").astype(np.int64).reshape(-1)
             stamps = self.write_count[indexes]
-        weights = batch["weights"].reshape(k, b)
-        batch["weights"] = weights / weights.max(axis=1, keepdims=True)  # per minibatch, as Acme, Dopamine
-        for key in ("action", "reward", "discount", "weights"):
-            batch[key] = batch[key].reshape(-1)
-        batch["weights"] = batch["weights"].astype(np.float32)
+        for key in ("action", "reward", "discount", "weights"):  # cpprb's columns are [rows, 1]
+            batch[key] = batch[key].reshape(k, b)
+        weights = batch["weights"]
+        batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).astype(np.float32)  # per minibatch, as Acme
         if self.frames is not None:
             batch["obs"], obs_ok = self.frames.read(batch["obs"])
             batch["next_obs"], next_ok = self.frames.read(batch["next_obs"])
             stale = ~(obs_ok & next_ok)
-            batch["weights"][stale], stamps[stale] = 0.0, -1
+            batch["weights"][stale], stamps[stale.reshape(-1)] = 0.0, -1
             self.stale += int(stale.sum())
         return batch, indexes, stamps
+
+    def __len__(self) -> int:
+        """Rows cpprb holds (staged ones not yet)."""
+        with self.lock:
+            return self.buffer.get_stored_size()
 
     def update_priorities(self, indexes, stamps, priorities) -> int:
         """p_i = |delta_i| (+ eps by cpprb) where the slot still holds the sampled row; returns those kept."""
@@ -483,6 +499,35 @@ class PrioritizedReplay:
             self.priority[:stored], self.write_count[:], self.staged = prio, 0, 0
 
 
+class Adder:
+    """Acme's adder: env steps in, n-step rows into the replay. It keeps what each env shows as the replay
+    stores it (the observation, or its frame numbers), stores the real final observation where an episode
+    ended, and ends the return at a termination (with --terminal-on-life-loss also at a lost life) only:
+    a truncation bootstraps."""
+
+    def __init__(self, replay: PrioritizedReplay, nstep: NStepAssembler, terminal_on_life_loss: bool):
+        self.replay, self.nstep, self.frames, self.life_loss = replay, nstep, replay.frames, terminal_on_life_loss
+        self.shown, self.lives = None, None
+
+    def start(self, obs) -> None:
+        """The envs' first observations (of a run, or of a resumed one: env state is not saved)."""
+        if self.frames is not None:
+            self.frames.start(obs, np.arange(len(obs)))
+        self.shown = obs if self.frames is None else self.frames.stack.copy()
+
+    def add(self, action, reward, next_obs, terminated, truncated, info) -> None:
+        done = terminated | truncated
+        reached, shown = real_next_obs(next_obs, done, info), next_obs
+        if self.frames is not None:
+            reached, shown = self.frames.step(reached, next_obs, done)
+        ends_return = terminated
+        if self.life_loss:
+            lost, self.lives = lost_life(info, self.lives, done)
+            ends_return = terminated | lost
+        self.replay.add(self.nstep.push(self.shown, action, reward, reached, ends_return, truncated))
+        self.shown = shown
+
+
 def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
     """The replay and the n-step assembler feeding it; frame stacks go through a FrameStore."""
     pixels = len(obs_space.shape) == 3 and not is_planes(obs_space)
@@ -536,10 +581,9 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     return loss, (td, q_sa.mean())
 
 
-def make_update(q_apply, optimizer, args: Args, unroll: int = 1):
+def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: int = 1):
     """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call, a
     lax.scan, its body `unroll` steps long (XLA's CPU backend runs convolutions slower inside a loop)."""
-    replicated, batch = learner_shardings(args)
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -556,6 +600,7 @@ def make_update(q_apply, optimizer, args: Args, unroll: int = 1):
         state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches, unroll=unroll)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
+    replicated, batch = shardings
     return jax.jit(
         update, donate_argnums=0, in_shardings=(replicated, batch), out_shardings=(replicated, replicated, batch)
     )
@@ -576,6 +621,93 @@ def learner_shardings(args: Args) -> Shardings:
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
+
+
+class Learner:
+    """Acme's learner: it owns the train state (on the learner's devices), beta's schedule, a prefetch thread
+    that samples K minibatches ahead and puts them on the device(s), and a writer thread that writes each call's
+    |TD| back as priorities. step() runs one jitted call of K SGD steps; actor_params is the copy the actor
+    uses, taken as each call is dispatched (so it lags the learner by at most K SGD steps)."""
+
+    def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
+        self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
+        self.actor = actor_device(args.actor_device, self.shardings.replicated.mesh.devices.flat)
+        optimizer = make_optimizer(args, sgd_budget(args))
+        init = functools.partial(init_train_state, network, optimizer, obs_shape)
+        shapes = jax.eval_shape(init, jax.random.PRNGKey(args.seed))
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(obs_shape)) * 4
+        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        self.state = jax.device_put(init(jax.random.PRNGKey(args.seed)), self.shardings.replicated)
+        unroll = 32 if len(obs_shape) == 3 and jax.default_backend() == "cpu" else 1  # convolutions: make_update
+        self.update = make_update(network.apply, optimizer, args, self.shardings, unroll)
+        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
+        self.metrics, self.wait_seconds, self.learn_seconds = {}, 0.0, 0.0
+        self.load_state_dict(None, "")
+
+    def step(self, env_step: int) -> bool:
+        """K SGD steps in one call on batches sampled ahead; False, and nothing done, while the replay holds
+        fewer than B rows (the n-step rows lag the env steps)."""
+        self.replay.flush()
+        if len(self.replay) < self.args.batch_size:
+            return False
+        beta = self.beta(env_step)
+        while len(self.batches) <= self.args.prefetch_size:  # prefetch_size calls ahead while this one learns
+            self.batches.append(self.sampler.submit(self.sample, beta))
+        start = time.perf_counter()
+        batches, indexes, stamps = self.batches.popleft().result()
+        self.wait_seconds += time.perf_counter() - start
+        self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act while call i runs
+        self.state, self.metrics, priorities = self.update(self.state, batches)
+        self.writes.append(self.writer.submit(self.write_priorities, indexes, stamps, priorities, self.sgd_steps))
+        while self.writes and self.writes[0].done():
+            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
+        self.sgd_steps += self.args.updates_per_call
+        self.learn_seconds += time.perf_counter() - start
+        return True
+
+    def beta(self, env_step: int) -> float:
+        return linear_schedule(self.args.per_beta0, 1.0, self.args.total_timesteps, env_step)
+
+    def sample(self, beta: float):
+        """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
+        batches, indexes, stamps = self.replay.sample(self.args.batch_size, self.args.updates_per_call, beta)
+        return jax.device_put(batches, self.shardings.batch), indexes, stamps
+
+    def write_priorities(self, indexes, stamps, priorities, first_step: int) -> None:
+        """On the writer thread (reading |TD| waits for the call): stop on divergence, else write back."""
+        priorities = np.asarray(priorities, np.float64)
+        finite = np.isfinite(priorities).all(axis=1)
+        if not finite.all():
+            step = first_step + int(np.argmin(finite)) + 1
+            raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
+        if self.args.prioritized:  # with alpha = 0 a write changes nothing
+            self.replay.update_priorities(indexes, stamps, priorities.reshape(-1))
+
+    def state_dict(self) -> dict:
+        """The train state's arrays, once the priorities of every call so far are in the replay."""
+        while self.writes:
+            self.writes.popleft().result()
+        return tree_arrays("train_state/", self.state)
+
+    def load_state_dict(self, arrays: Optional[dict], path: str) -> None:
+        """A checkpoint's checked train state (a checkpoint holds one copy, whatever number of devices wrote it)."""
+        if arrays is not None:
+            state = restore_tree(self.state, arrays, "train_state/", path)
+            self.state = jax.device_put(state, self.shardings.replicated)
+        self.sgd_steps = int(self.state.sgd_steps)
+        self.actor_params = actor_copy(self.state.params, self.actor)  # no lag yet
+
+    def close(self) -> None:
+        self.sampler.shutdown(cancel_futures=True)
+        self.writer.shutdown()
+
+
+def sgd_budget(args: Args) -> int:
+    """SGD steps in the whole run: one per --train-frequency env steps after --learning-starts."""
+    return max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
 
 
 # ------------------------------------------------------------------------------------------- ACTING
@@ -621,12 +753,62 @@ def exploration_horizon(args: Args) -> float:
     return args.exploration_steps or args.exploration_fraction * args.total_timesteps
 
 
+# -------------------------------------------------------------------------------------------- TRAIN
+
+
+def train(args: Args, env_fn=None) -> dict:
+    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) -> a vector env in SAME_STEP
+    autoreset mode builds the training and evaluation envs (default: make_env for --env-id). Returns a summary;
+    a first Ctrl-C checkpoints, then raises KeyboardInterrupt (SIGTERM checkpoints and returns)."""
+    args = check_args(args)
+    warn(args)
+    env_fn = env_fn or functools.partial(make_env, args.env_id)
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
+        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
+        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
+        space, num_actions = check_envs(envs)
+        first = int(envs.single_action_space.start)  # a Discrete(n, start=s) takes s + index
+        network = make_network(args, space, num_actions)
+        replay, nstep = make_replay(args, space)
+        learner = Learner(args, network, replay, space.shape)
+        cleanup.callback(learner.close)
+        act = make_act(network.apply, num_actions)
+        run = Run(args, learner, replay, act, env_fn, (space, num_actions), cleanup)
+        step, adder = run.step, Adder(replay, nstep, args.terminal_on_life_loss)
+        rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
+        envs.action_space.seed(args.seed + step)
+        obs, _ = envs.reset(seed=env_seed(args.seed, step, 1))  # env state is not saved: a resume starts new episodes
+        adder.start(obs)
+        run.redo_evaluation(step)
+        while step < args.total_timesteps and not run.stopped:
+            # ACT: epsilon-greedy on the actor's copy of the params, epsilon decaying linearly
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
+            actions = act(learner.actor_params, obs, epsilon, rng)
+            next_obs, reward, terminated, truncated, info = envs.step(actions + first)
+
+            # STORE: n-step rows, each leading to the real observation its last step reached
+            adder.add(actions, reward, next_obs, terminated, truncated, info)
+            obs, step = next_obs, step + args.num_envs
+
+            # LEARN: one SGD step per --train-frequency env steps, K fused per call
+            sgd_due = (step - args.learning_starts) // args.train_frequency
+            while not run.stopped and sgd_due - learner.sgd_steps >= args.updates_per_call:
+                if not learner.step(step):  # the replay holds fewer than B rows yet
+                    break
+
+            run.log(step, reward, terminated | truncated, epsilon)
+            run.evaluate(step)
+            run.checkpoint(step)
+        return run.finish(step)
+
+
+# ================================================================================================ THE SEAM
+# Above, the algorithm; below, the run harness: envs, files, checkpoints and resume, logging, signals, the CLI.
+
+
 # ------------------------------------------------------------------------------------- ENVIRONMENTS
-
-
-def is_planes(space) -> bool:
-    """MinAtar's bool feature planes (H, W, C): the state itself, kept as is, no frame stack."""
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
 
 
 def is_image(space) -> bool:
@@ -704,6 +886,19 @@ def make_env(env_id: str, num_envs: int, video: Optional[Tuple[str, str]] = None
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
             envs.envs[0] = gym.wrappers.RecordVideo(envs.envs[0], video[0], lambda e: e == 0, name_prefix=video[1])
     return envs
+
+
+def check_envs(envs) -> Tuple[gym.spaces.Box, int]:
+    """(observation space, number of actions) of a vector env this script trains on, else a ConfigError."""
+    mode = envs.metadata.get("autoreset_mode")
+    require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
+    require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
+    space = envs.single_observation_space
+    shape = space.shape if isinstance(space, gym.spaces.Box) else None
+    stack = shape and shape[:1] == (FRAME_STACK,) and len(shape) == 3 and space.dtype == np.uint8  # [4, H, W]
+    takes = f"the network takes vectors, bool planes or uint8 stacks of {FRAME_STACK} frames [{FRAME_STACK}, H, W]"
+    require(shape and (len(shape) == 1 or is_planes(space) or stack), f"{space}: {takes}; {FLATTEN}")
+    return space, int(envs.single_action_space.n)
 
 
 def real_next_obs(next_obs, done, info):
@@ -916,6 +1111,9 @@ class Logger:
         if self.wandb is not None and video and os.path.isfile(video):
             self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
+    def flush(self) -> None:
+        self.file.flush()
+
     def close(self) -> None:
         self.file.close()
         if self.wandb is not None:
@@ -945,238 +1143,193 @@ def open_run_dir(args: Args) -> str:
     return run_dir
 
 
-def sample_batches(replay: PrioritizedReplay, args: Args, sharding):
-    """On the prefetch thread: (batches[K, B, ...] on the device(s), slot indexes, write counts)."""
-    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
-    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch, sharding), indexes, stamps
+# --------------------------------------------------------------------------------------------- RUN
 
 
-def write_priorities(replay: PrioritizedReplay, prioritized: bool, indexes, stamps, priorities, first_step: int):
-    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
-    priorities = np.asarray(priorities, np.float64)
-    finite = np.isfinite(priorities).all(axis=1)
-    if not finite.all():
-        step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
-    if prioritized:  # with alpha = 0 a write changes nothing
-        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
+class Run:
+    """train()'s harness: the run folder and its args.json, resume, logging (tensorboard, W&B, eval.csv, the
+    progress bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which
+    checkpoints; a second Ctrl-C stops at once. The envs it evaluates on are built once here, as a probe."""
+
+    def __init__(self, args: Args, learner: Learner, replay: PrioritizedReplay, act, env_fn, spaces: tuple, cleanup):
+        self.args, self.learner, self.replay, self.act, self.env_fn = args, learner, replay, act, env_fn
+        self.dir, self.step, self.episodes, self.missed = open_run_dir(args), 0, 0, False
+        video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
+        try:  # what the evaluations will call, called once now: a bad factory fails before the first env step
+            probe = env_fn(args.eval_episodes, video=video)
+        except TypeError as e:
+            raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
+        with contextlib.closing(probe):
+            require(check_envs(probe) == spaces, "the evaluation envs' spaces differ from the training envs'")
+        if args.resume:
+            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, replay, spaces[1], args)
+        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+        resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
+        self.logger = Logger(self.dir, args, resumed_at)
+        cleanup.callback(self.logger.close)
+        self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
+        write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
+        progress = tqdm.tqdm(total=args.total_timesteps, initial=self.step, unit="step", disable=None)
+        self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+        every = (args.log_every, args.eval_every, args.checkpoint_every)
+        self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.step, n) for n in every)
+        self.saved_step = self.step if args.resume else None
+        self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.tick = self.counters(self.step)
+
+    def on_signal(self, signum, frame):
+        if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
+            raise KeyboardInterrupt
+        self.stopped.append(signum)
+
+    def counters(self, step: int) -> dict:
+        learner = self.learner
+        return dict(
+            time=time.perf_counter(),
+            step=step,
+            sgd=learner.sgd_steps,
+            wait=learner.wait_seconds,
+            learn=learner.learn_seconds,
+        )
+
+    def log(self, step: int, reward, done, epsilon: float) -> None:
+        """Each episode's return and length as it ends; every --log-every steps the rates, losses and replay."""
+        self.returns += reward
+        self.lengths += 1
+        for i in np.flatnonzero(done):
+            self.episodes += 1
+            self.logger.scalars(
+                step, {"charts/episodic_return": self.returns[i], "charts/episodic_length": self.lengths[i]}
+            )
+            self.returns[i], self.lengths[i] = 0.0, 0
+        if step < self.next_log:
+            return
+        self.next_log, last, self.tick = next_multiple(step, self.args.log_every), self.tick, self.counters(step)
+        seconds, learner = self.tick["time"] - last["time"], self.learner
+        sps = (step - last["step"]) / seconds
+        scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": learner.beta(step)}
+        scalars["replay/priority_max"] = self.replay.max_priority()
+        scalars["perf/updates_per_second"] = (self.tick["sgd"] - last["sgd"]) / seconds
+        if self.tick["learn"] > last["learn"]:
+            scalars["perf/learner_wait_fraction"] = (self.tick["wait"] - last["wait"]) / (
+                self.tick["learn"] - last["learn"]
+            )
+        if self.replay.frames is not None:
+            scalars["replay/stale_rows"] = self.replay.stale
+        self.logger.scalars(step, {**scalars, **{k: float(v) for k, v in learner.metrics.items()}})
+        self.logger.flush()
+        loss = float(learner.metrics.get("losses/td_loss", float("nan")))
+        line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {self.episodes}  eval {self.last_eval}"
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix_str(line, refresh=False)
+        if self.bar.disable and (
+            step % (10 * self.args.log_every) < self.args.num_envs or step >= self.args.total_timesteps
+        ):
+            print(f"step {step:>8d}  {line}", flush=True)
+
+    def evaluate(self, step: int) -> None:
+        """Every --eval-every steps; the final evaluation comes after the loop."""
+        if self.next_eval <= step < self.args.total_timesteps:
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
+
+    def redo_evaluation(self, step: int) -> None:
+        """The evaluation a signal cut short before the checkpoint the run resumed from."""
+        if self.missed:
+            self.evaluation(step, "eval")
+
+    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
+        seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        params = actor_copy(self.learner.state.params, self.learner.actor)  # the current params, not the actor's
+        args = self.args
+        returns = evaluate(
+            self.act, params, self.env_fn, args.eval_episodes, args.eval_epsilon, seed, video, self.stopped
+        )
+        if returns is not None:
+            self.logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+        self.missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+        return returns
+
+    def checkpoint(self, step: int, due: bool = False) -> None:
+        """Every --checkpoint-every steps (or now, if due): the train state, the replay and the counters."""
+        if step < self.next_checkpoint and not due:
+            return
+        self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
+        arrays = {**self.learner.state_dict(), **self.replay.state_dict()}
+        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.missed}
+        save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, arrays)
+        self.saved_step = step
+
+    def finish(self, step: int) -> dict:
+        """The last checkpoint, the model, the final evaluation; after a signal, how to resume (a Ctrl-C then
+        raises KeyboardInterrupt, so that a caller's loop over seeds stops too)."""
+        if self.saved_step != step:
+            self.checkpoint(step, due=True)
+        self.bar.update(step - self.bar.n)  # the steps after the last log tick
+        self.bar.close()  # before anything else prints
+        if not self.stopped:
+            params = tree_arrays("params/", self.learner.state.params)
+            save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
+            returns = self.evaluation(step, "final")
+        summary = {"run_dir": self.dir, "global_step": step}
+        if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
+            print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)
+            if self.stopped[0] == signal.SIGINT:
+                raise KeyboardInterrupt
+            return {**summary, "signal": self.stopped[0]}
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {self.dir}", flush=True)
+        return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": self.learner.sgd_steps}
+
+
+def load_checkpoint(run_dir: str, learner: Learner, replay: PrioritizedReplay, num_actions: int, args: Args):
+    """(global step, episodes, whether an evaluation was cut short); loads the train state and the replay."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
+    meta, arrays = load_npz(path, "checkpoint")
+    learner.load_state_dict(arrays, path)
+    step, episodes = meta.get("global_step"), meta.get("episodes")
+    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
+    replay.load_state_dict(arrays, path, num_actions)
+    was, total = (
+        meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None,
+        args.total_timesteps,
+    )
+    note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
+    print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {len(replay)} rows in the replay){note}")
+    return step, episodes, meta.get("eval_missed") is True
 
 
 def next_multiple(step: int, every: int):
     return (step // every + 1) * every if every else float("inf")
 
 
-# -------------------------------------------------------------------------------------------- TRAIN
-
-
-def train(args: Args, env_fn=None) -> dict:
-    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) -> a vector env in SAME_STEP
-    autoreset mode builds the training and evaluation envs (default: make_env for --env-id). Returns a summary."""
-    args = check_args(args)
-    sgd_steps = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+def warn(args: Args) -> None:
+    """One line each, at the start, for settings that will not learn, or did not on CartPole (docs/dqn.md)."""
+    sgd_steps, notes = sgd_budget(args), []
+    if sgd_steps < args.updates_per_call:
+        least = args.learning_starts + args.updates_per_call * args.train_frequency
+        notes.append(
+            f"this run does no SGD step (learning starts at {args.learning_starts}): give --total-timesteps {least} or more"
+        )
     if args.tau == 1 and args.huber_delta <= 1 and args.target_network_frequency < 500:
-        print(
-            f"warning: the Huber loss with a target copy every {args.target_network_frequency} SGD steps did not "
-            "learn at CleanRL's CartPole settings (docs/dqn.md): give --huber-delta 1e30 (its squared error) or a "
-            "longer --target-network-frequency",
-            file=sys.stderr,
+        notes.append(
+            f"the Huber loss with a target copy every {args.target_network_frequency} SGD steps did not learn at "
+            "CleanRL's CartPole settings (docs/dqn.md): give --huber-delta 1e30 (its squared error) or a longer "
+            "--target-network-frequency"
         )
     if args.huber_delta <= 1 and args.train_frequency >= 10 and sgd_steps < 35_000:
-        print(
-            f"warning: with the Huber loss, one SGD step per {args.train_frequency} env steps ({sgd_steps:,} in all) "
-            "learned but fell back by the end at CleanRL's CartPole settings (docs/dqn.md): give --train-frequency 2, "
-            "or CleanRL's squared error and period (--huber-delta 1e30 --target-network-frequency 50)",
-            file=sys.stderr,
+        notes.append(
+            f"with the Huber loss, one SGD step per {args.train_frequency} env steps ({sgd_steps:,} in all) learned "
+            "but fell back by the end at CleanRL's CartPole settings (docs/dqn.md): give --train-frequency 2, or "
+            "CleanRL's squared error and period (--huber-delta 1e30 --target-network-frequency 50)"
         )
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
-    shardings = learner_shardings(args)
-    env_fn = env_fn or functools.partial(make_env, args.env_id)
-    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
-        mode = envs.metadata.get("autoreset_mode")
-        require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
-        require(isinstance(envs.single_action_space, gym.spaces.Discrete), "DQN needs Discrete actions")
-        num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
-        shape = space.shape if isinstance(space, gym.spaces.Box) else None
-        stack = shape and shape[:1] == (FRAME_STACK,) and len(shape) == 3 and space.dtype == np.uint8  # [4, H, W]
-        takes = f"the network takes vectors, bool planes or uint8 stacks of {FRAME_STACK} frames [{FRAME_STACK}, H, W]"
-        require(shape and (len(shape) == 1 or is_planes(space) or stack), f"{space}: {takes}; {FLATTEN}")
-        first = int(envs.single_action_space.start)
-        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space))
-        optimizer = make_optimizer(args, sgd_steps)
-        key = jax.random.PRNGKey(args.seed)
-        shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), key)
-        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(space.shape)) * 4
-        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
-        state = init_train_state(network, optimizer, space.shape, key)
-        replay, nstep = make_replay(args, space)
-        act = make_act(network.apply, num_actions)
-        unroll = 32 if len(space.shape) == 3 and jax.default_backend() == "cpu" else 1  # convolutions: make_update
-        update = make_update(network.apply, optimizer, args, unroll)
-        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
-        if args.resume:
-            state, step, episodes, redo = load_checkpoint(run_dir, state, replay, num_actions, args.total_timesteps)
-        state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
-        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        cleanup.callback(logger.close)
-        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
-        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
-        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
-        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
-        cleanup.callback(sampler.shutdown, cancel_futures=True)
-        ahead, writes, stopped = collections.deque(), collections.deque(), []
-
-        def on_signal(signum, frame):  # the loop (or an evaluation) stops and checkpoints; a second Ctrl-C: at once
-            if stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
-                raise KeyboardInterrupt
-            stopped.append(signum)
-
-        for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, on_signal))
-        frames, lives, metrics, last_eval = replay.frames, None, {}, "-"
-        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        actor = actor_device(args.actor_device, shardings.replicated.mesh.devices.flat)
-        sgd_done, act_params = int(state.sgd_steps), actor_copy(state.params, actor)  # a resume: no lag yet
-        next_log, next_eval, next_ckpt = (
-            next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
-        )
-        saved_step = step if args.resume else None
-        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
-
-        def checkpoint():
-            nonlocal saved_step
-            while writes:
-                writes.popleft().result()  # the priorities of every update so far are in the replay
-            arrays = {**tree_arrays("train_state/", state), **replay.state_dict()}
-            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
-            saved_step = step
-
-        def evaluation(prefix: str):
-            nonlocal missed
-            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-            eval_seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-            params = actor_copy(state.params, actor)  # the current params, not the lagging actor's
-            returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, eval_seed, video, stopped)
-            if returns is not None:
-                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
-            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
-            return returns
-
-        rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
-        envs.action_space.seed(args.seed + step)
-        obs, _ = envs.reset(seed=env_seed(args.seed, step, 1))  # env state is not saved: a resume starts new episodes
-        if frames is not None:
-            frames.start(obs, np.arange(args.num_envs))
-        stored_obs = obs if frames is None else frames.stack.copy()
-        if redo:  # the evaluation a signal cut short
-            evaluation("eval")
-        while step < args.total_timesteps and not stopped:
-            # ACT: epsilon-greedy, epsilon decaying linearly over the exploration horizon
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
-            actions = act(act_params, obs, epsilon, rng)
-            next_obs, reward, terminated, truncated, info = envs.step(actions + first)
-            done = terminated | truncated
-
-            # STORE: the n-step rows lead to the real final observation; only termination (or a lost
-            # life) ends the return, a truncation bootstraps. Frames go in as frame numbers.
-            reached, now = real_next_obs(next_obs, done, info), next_obs
-            if frames is not None:
-                reached, now = frames.step(reached, next_obs, done)
-            ends_return = terminated
-            if args.terminal_on_life_loss:
-                lost, lives = lost_life(info, lives, done)
-                ends_return = terminated | lost
-            replay.add(nstep.push(stored_obs, actions, reward, reached, ends_return, truncated))
-            stored_obs, obs, step = now, next_obs, step + args.num_envs
-            ep_return += reward
-            ep_length += 1
-            for i in np.flatnonzero(done):
-                episodes += 1
-                logger.scalars(step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]})
-                ep_return[i], ep_length[i] = 0.0, 0
-
-            # LEARN: one SGD step per train_frequency env steps, K fused per call; batches come from
-            # the prefetch thread, priorities go back on the writer thread.
-            sgd_due = (step - args.learning_starts) // args.train_frequency
-            while not stopped and sgd_due - sgd_done >= args.updates_per_call:
-                replay.beta = linear_schedule(args.per_beta0, 1.0, args.total_timesteps, step)
-                replay.flush()
-                if replay.buffer.get_stored_size() < args.batch_size:  # the n-step rows lag the env steps
-                    break
-                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
-                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))
-                t0 = time.perf_counter()
-                batches, indexes, stamps = ahead.popleft().result()
-                tick["wait"] += time.perf_counter() - t0
-                act_params = actor_copy(state.params, actor)  # call i-1's params act while call i runs
-                state, metrics, priorities = update(state, batches)
-                write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
-                writes.append(writer.submit(write_priorities, *write))
-                while writes and writes[0].done():
-                    writes.popleft().result()  # raises the writer's error, e.g. divergence
-                tick["learn"] += time.perf_counter() - t0
-                sgd_done += args.updates_per_call
-
-            if step >= next_log:
-                next_log, last = next_multiple(step, args.log_every), tick
-                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-                sps = (step - last["step"]) / (tick["time"] - last["time"])
-                scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": replay.beta}
-                scalars["replay/priority_max"] = replay.max_priority()
-                scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
-                if last["learn"]:
-                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
-                if frames is not None:
-                    scalars["replay/stale_rows"] = replay.stale
-                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
-                logger.file.flush()
-                loss = float(metrics.get("losses/td_loss", float("nan")))
-                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  eval {last_eval}"
-                bar.update(step - bar.n)
-                bar.set_postfix_str(line, refresh=False)
-                if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
-                    print(f"step {step:>8d}  {line}", flush=True)
-            if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
-                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
-                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            if step >= next_ckpt:
-                next_ckpt = next_multiple(step, args.checkpoint_every)
-                checkpoint()
-        if saved_step != step:
-            checkpoint()
-        bar.update(step - bar.n)  # the steps after the last log tick
-        bar.close()  # before anything else prints
-        if not stopped:
-            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))
-            returns = evaluation("final")
-        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
-            print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
-            return {"run_dir": run_dir, "global_step": step, "signal": stopped[0]}
-        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
-
-
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int, total: int):
-    """(train state, global step, episodes, whether an evaluation was cut short); loads the replay too."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
-    meta, arrays = load_npz(path, "checkpoint")
-    state = restore_tree(state, arrays, "train_state/", path)
-    step, episodes = meta.get("global_step"), meta.get("episodes")
-    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
-    require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path, num_actions)
-    rows = replay.buffer.get_stored_size()
-    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
-    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
-    return state, step, episodes, meta.get("eval_missed") is True
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -57,7 +57,8 @@ def learner(mod, name: str, num_devices: int):
         net = mod.QNetwork(2, args.hidden_sizes)
         optimizer = mod.make_optimizer(args, 100)
         state = mod.init_train_state(net, optimizer, (3,), jax.random.PRNGKey(0))
-        return mod.make_update(net.apply, optimizer, args), state, mod.learner_shardings(args)
+        shardings = mod.learner_shardings(args)
+        return mod.make_update(net.apply, optimizer, args, shardings), state, shardings
     if name == "sac":
         args = mod.Args(
             batch_size=B, updates_per_call=K, policy_frequency=2, hidden_sizes=(32, 32), num_devices=num_devices
@@ -79,6 +80,9 @@ def learner(mod, name: str, num_devices: int):
 
 def sample_batches(mod, name: str, replay, sharding=None):
     """One call's batches as the prefetch thread makes them (B and K from the script's Args)."""
+    if name == "dqn_prioritized":  # its Learner's sample, on the devices of `sharding`
+        args = mod.Args(batch_size=B, updates_per_call=K, num_devices=len(sharding.device_set) if sharding else 1)
+        return mod.Learner(args, mod.QNetwork(2, (4,)), replay, (3,)).sample(0.4)
     return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
 
 

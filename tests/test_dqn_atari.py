@@ -169,6 +169,7 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
 
     def check(batch, indexes, stamps):
         """The stale rows of one sample, after checking every row against the truth."""
+        batch = {k: v.reshape((len(indexes),) + v.shape[2:]) for k, v in batch.items()}  # [K, B, ...] -> [K * B, ...]
         same = (batch["obs"] == truth["obs"][indexes]).all(axis=(1, 2, 3))
         same &= (batch["next_obs"] == truth["next_obs"][indexes]).all(axis=(1, 2, 3))
         stale = stamps == -1
@@ -191,13 +192,13 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
     # their priority when the learner writes |TD| back.
     prio = rng.uniform(0.1, 3.0, capacity)
     compressed.update_priorities(np.arange(capacity), compressed.write_count.copy(), prio)
-    compressed.beta, before = 0.5, compressed.stale
+    before = compressed.stale
     for _ in range(20):
-        batch, indexes, stamps = compressed.sample(32, 8)
+        batch, indexes, stamps = compressed.sample(32, 8, beta=0.5)
         stale = check(batch, indexes, stamps)
         raw = ((prio[indexes] + 1e-6) ** (-0.6 * 0.5)).reshape(8, 32)
         expected = (raw / raw.max(axis=1, keepdims=True)).reshape(-1)
-        np.testing.assert_allclose(batch["weights"][~stale], expected[~stale], rtol=1e-4)
+        np.testing.assert_allclose(batch["weights"].reshape(-1)[~stale], expected[~stale], rtol=1e-4)
         kept = compressed.update_priorities(indexes, stamps, np.full(len(indexes), 77.0))
         assert kept == (~stale).sum()
         np.testing.assert_array_equal(compressed.priority[indexes[stale]], prio[indexes[stale]])

@@ -106,10 +106,10 @@ def test_fused_update_equals_sequential_steps_and_counts_target_period():
     stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
     state = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(3))
-    fused_state, metrics, td = dqn.make_update(net.apply, opt, args)(state, stacked)
+    fused_state, metrics, td = dqn.make_update(net.apply, opt, args, dqn.learner_shardings(args))(state, stacked)
 
     # The same K steps one at a time (K=1 calls) must give the same parameters.
-    step1 = dqn.make_update(net.apply, opt, args)
+    step1 = dqn.make_update(net.apply, opt, args, dqn.learner_shardings(args))
     seq = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(3))
     tds = []
     for b in batches:
@@ -137,7 +137,9 @@ def test_polyak_target_update():
     state = dqn.init_train_state(net, opt, (3,), jax.random.PRNGKey(0))
     old_target = jax.device_get(state.target_params)
     b = random_batch(np.random.default_rng(0), 8, 3, 2)
-    new, _, _ = dqn.make_update(net.apply, opt, args)(state, {k: v[None] for k, v in b.items()})
+    new, _, _ = dqn.make_update(net.apply, opt, args, dqn.learner_shardings(args))(
+        state, {k: v[None] for k, v in b.items()}
+    )
     for p, t_old, t_new in zip(
         jax.tree_util.tree_leaves(new.params),
         jax.tree_util.tree_leaves(old_target),
@@ -179,7 +181,7 @@ def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that
     state = dqn.init_train_state(net, optimizer, (4,), jax.random.PRNGKey(0))
     batches = [random_batch(rng, 8, 4, 2) for _ in range(3)]
     stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-    _, _, priorities = dqn.make_update(net.apply, optimizer, args)(state, stacked)
+    _, _, priorities = dqn.make_update(net.apply, optimizer, args, dqn.learner_shardings(args))(state, stacked)
     priorities = np.asarray(priorities)
     # Adam moves every weight by ~lr = 1e38 in step 1: the parameters' norm is no longer finite,
     # while step 1's TD itself was computed with the finite initial parameters.
@@ -187,7 +189,7 @@ def test_a_step_that_leaves_non_finite_parameters_reports_nan_priorities_at_that
     ok_args = dqn.Args(hidden_sizes=(16,), updates_per_call=3)
     ok_opt = dqn.make_optimizer(ok_args, 100)
     ok_state = dqn.init_train_state(net, ok_opt, (4,), jax.random.PRNGKey(0))
-    _, _, ok = dqn.make_update(net.apply, ok_opt, ok_args)(ok_state, stacked)
+    _, _, ok = dqn.make_update(net.apply, ok_opt, ok_args, dqn.learner_shardings(ok_args))(ok_state, stacked)
     assert np.isfinite(np.asarray(ok)).all()
 
 

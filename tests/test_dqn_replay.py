@@ -38,8 +38,9 @@ def test_staged_rows_reach_the_buffer_on_flush_and_keep_their_contents():
     rp.flush()
     assert rp.buffer.get_stored_size() == 205
     batch, idx, _ = rp.sample(64)
-    np.testing.assert_array_equal(batch["reward"], idx.astype(np.float32))  # slot i holds row i
-    np.testing.assert_array_equal(batch["obs"][:, 0], idx.astype(np.float32))
+    assert batch["reward"].shape == (1, 64) and batch["obs"].shape == (1, 64, 2)  # [K, B, ...]
+    np.testing.assert_array_equal(batch["reward"].reshape(-1), idx.astype(np.float32))  # slot i holds row i
+    np.testing.assert_array_equal(batch["obs"][0, :, 0], idx.astype(np.float32))
 
 
 def test_new_transitions_get_the_max_priority_so_far():
@@ -61,14 +62,13 @@ def test_importance_weights_match_hand_computation():
     rp.flush()
     p = np.array([0.5, 1.0, 2.0, 4.0, 0.1])
     rp.update_priorities(np.arange(5), np.ones(5, np.int64), p)
-    rp.beta = beta
     # P(i) = (p_i + eps)^alpha / sum; w_i = (N P(i))^-beta / max_j (N P(j))^-beta
     scaled = (p + eps) ** alpha
     P = scaled / scaled.sum()
     w = (5 * P) ** -beta
     expected = w / w.max()
-    batch, idx, _ = rp.sample(2000)
-    np.testing.assert_allclose(batch["weights"], expected[idx], rtol=1e-4)
+    batch, idx, _ = rp.sample(2000, beta=beta)
+    np.testing.assert_allclose(batch["weights"].reshape(-1), expected[idx], rtol=1e-4)
     # Sampling frequencies follow P.
     freq = np.bincount(idx, minlength=5) / len(idx)
     np.testing.assert_allclose(freq, P, atol=0.03)
@@ -79,9 +79,8 @@ def test_uniform_mode_is_alpha_zero():
     rp.add(rows(8))
     rp.flush()
     rp.update_priorities(np.arange(8), np.ones(8, np.int64), np.array([100.0, 1, 1, 1, 1, 1, 1, 0.01]))
-    rp.beta = 0.7
-    batch, idx, _ = rp.sample(4000)
-    np.testing.assert_array_equal(batch["weights"], np.ones(4000, np.float32))
+    batch, idx, _ = rp.sample(4000, beta=0.7)
+    np.testing.assert_array_equal(batch["weights"], np.ones((1, 4000), np.float32))
     np.testing.assert_allclose(np.bincount(idx, minlength=8) / 4000, np.full(8, 1 / 8), atol=0.03)
 
 
@@ -152,21 +151,37 @@ def test_load_state_dict_refuses_rows_out_of_range(member, value):
     assert other.buffer.get_stored_size() == 0  # nothing of the bad file went in
 
 
-# --- sample_batches and write_priorities on thread pools, as train() runs them ---------------
+def test_sample_right_after_add_refuses_in_one_line_until_flush():
+    """add() stages rows (128 at a time); sample() draws from what cpprb holds, and says so when that is none."""
+    rp = make(capacity=300)
+    rp.add(rows(100))
+    with pytest.raises(ValueError, match=r"no rows in the replay yet \(100 staged: flush\(\) hands them over\)"):
+        rp.sample(8)
+    assert len(rp) == 0
+    rp.flush()
+    assert len(rp) == 100 and rp.sample(8)[0]["obs"].shape == (1, 8, 2)
+
+
+# --- the Learner's sample and write_priorities on thread pools, as train() runs them ---------------
+
+
+def learner_for(rp, args):
+    """The Learner train() would build for this replay (a small MLP: its train state is not used here)."""
+    return dqn.Learner(args, dqn.QNetwork(3, (4,)), rp, (2,))
 
 
 def sampling_setup(k=2, b=4, capacity=32):
-    """A filled replay (slot i holds obs [i, i]), the Args and batch sharding train() would use."""
+    """A filled replay (slot i holds obs [i, i]), the Args and the learner train() would use."""
     rp = make(capacity=capacity, alpha=0.6)
     rp.add(rows(capacity))
     rp.flush()
     args = dqn.Args(batch_size=b, updates_per_call=k)
-    return rp, args, dqn.learner_shardings(args).batch
+    return rp, args, learner_for(rp, args)
 
 
 def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
     k, b, prefetch = 2, 4, 3
-    rp, args, sharding = sampling_setup(k, b)
+    rp, args, learner = sampling_setup(k, b)
     drawn, real_sample = [], rp.sample
 
     def recording_sample(*a, **kw):  # what each draw on the prefetch thread returned, in call order
@@ -179,9 +194,9 @@ def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
     ahead, got = [], []
     for _ in range(50):
         while len(ahead) < prefetch:
-            ahead.append(sampler.submit(dqn.sample_batches, rp, args, sharding))
+            ahead.append(sampler.submit(learner.sample, 0.4))
         batches, indexes, stamps = ahead.pop(0).result()
-        assert batches["obs"].sharding == sharding  # on the learner's device(s), split along B
+        assert batches["obs"].sharding == learner.shardings.batch  # on the learner's device(s), split along B
         obs = np.asarray(batches["obs"])
         assert obs.shape == (k, b, 2) and np.asarray(batches["weights"]).shape == (k, b)
         np.testing.assert_array_equal(obs[..., 0].reshape(-1), indexes)  # rows and indexes together
@@ -198,7 +213,7 @@ def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
 
 
 def test_a_sampling_error_is_raised_by_the_future_of_that_call():
-    rp, args, sharding = sampling_setup()
+    rp, args, learner = sampling_setup()
     calls, real_sample = [], rp.sample
 
     def failing_sample(*a, **kw):
@@ -209,31 +224,37 @@ def test_a_sampling_error_is_raised_by_the_future_of_that_call():
 
     rp.sample = failing_sample
     with concurrent.futures.ThreadPoolExecutor(1, "prefetch") as sampler:
-        ahead = [sampler.submit(dqn.sample_batches, rp, args, sharding) for _ in range(3)]
+        ahead = [sampler.submit(learner.sample, 0.4) for _ in range(3)]
         assert all(len(f.result()[1]) == args.updates_per_call * args.batch_size for f in ahead[:2])
         with pytest.raises(ValueError, match="boom"):
             ahead[2].result()
 
 
+def writer_of(rp):
+    """prioritized -> the write_priorities of a learner with --prioritized or --no-prioritized."""
+    return lambda prioritized: learner_for(rp, dqn.Args(prioritized=prioritized)).write_priorities
+
+
 def test_write_priorities_writes_back_in_submission_order_and_reports_errors():
     rp = make(capacity=8, alpha=1.0, eps=0.0)
+    write_priorities = writer_of(rp)
     rp.add(rows(8))
     rp.flush()
     _, idx, stamps = rp.sample(8, 2)
     td = jnp.arange(16, dtype=jnp.float32).reshape(2, 8)  # [K, B] on the device, as the learner returns
     with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
-        assert writer.submit(dqn.write_priorities, rp, True, idx, stamps, td, 0).result() is None
+        assert writer.submit(write_priorities(True), idx, stamps, td, 0).result() is None
         last = {}
         for i, p in zip(idx, np.asarray(td).reshape(-1)):
             last[int(i)] = p
         for i, p in last.items():
             assert rp.priority[i] == p
         # Two calls' writes to the same slots, queued together: the later call's values stay.
-        first = writer.submit(dqn.write_priorities, rp, True, idx[:4], stamps[:4], np.full((1, 4), 3.0), 32)
-        second = writer.submit(dqn.write_priorities, rp, True, idx[:4], stamps[:4], np.full((1, 4), 9.0), 33)
+        first = writer.submit(write_priorities(True), idx[:4], stamps[:4], np.full((1, 4), 3.0), 32)
+        second = writer.submit(write_priorities(True), idx[:4], stamps[:4], np.full((1, 4), 9.0), 33)
         first.result(), second.result()
         assert np.all(rp.priority[idx[:4]] == 9.0)
-        bad = writer.submit(dqn.write_priorities, rp, True, idx[:3], stamps[:2], np.ones((1, 3)), 34)
+        bad = writer.submit(write_priorities(True), idx[:3], stamps[:2], np.ones((1, 3)), 34)
         with pytest.raises(ValueError):  # mismatched lengths: fails in the thread, raised by result()
             bad.result()
 
@@ -241,6 +262,7 @@ def test_write_priorities_writes_back_in_submission_order_and_reports_errors():
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tree(bad):
     rp = make(capacity=8, alpha=1.0, eps=0.0)
+    write_priorities = writer_of(rp)
     rp.add(rows(8))
     rp.flush()
     _, idx, stamps = rp.sample(4, 3)
@@ -249,7 +271,7 @@ def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tre
     td = np.ones((3, 4))
     td[2, 1] = bad  # the third of the K = 3 steps after SGD step 100
     with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
-        future = writer.submit(dqn.write_priorities, rp, True, idx, stamps, jnp.asarray(td), 100)
+        future = writer.submit(write_priorities(True), idx, stamps, jnp.asarray(td), 100)
         with pytest.raises(dqn.RunFailed, match="the learner diverged: non-finite TD error at SGD step 103"):
             future.result()
     np.testing.assert_array_equal(rp.priority, before)  # not even the finite steps' rows were written
@@ -266,13 +288,14 @@ def test_a_non_finite_td_stops_the_run_naming_the_step_and_never_reaches_the_tre
 
 def test_uniform_runs_check_for_divergence_but_write_nothing():
     rp = make(capacity=8, alpha=0.0, eps=1e-6)
+    write_priorities = writer_of(rp)
     rp.add(rows(8))
     rp.flush()
     before = rp.priority.copy()
     _, idx, stamps = rp.sample(4, 2)
     with concurrent.futures.ThreadPoolExecutor(1, "priority-writer") as writer:
-        writer.submit(dqn.write_priorities, rp, False, idx, stamps, np.full((2, 4), 5.0), 0).result()
+        writer.submit(write_priorities(False), idx, stamps, np.full((2, 4), 5.0), 0).result()
         np.testing.assert_array_equal(rp.priority, before)
-        future = writer.submit(dqn.write_priorities, rp, False, idx, stamps, np.full((2, 4), np.nan), 64)
+        future = writer.submit(write_priorities(False), idx, stamps, np.full((2, 4), np.nan), 64)
         with pytest.raises(dqn.RunFailed, match="SGD step 65"):
             future.result()

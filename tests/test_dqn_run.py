@@ -201,6 +201,11 @@ FEW = "one SGD step per 10 env steps ({} in all) learned but fell back by the en
         (CLEANRL + ["--target-network-frequency", "500", "--train-frequency", "2"], []),  # held
         (CLEANRL + ["--target-network-frequency", "500", "--total-timesteps", "500000"], []),  # CleanRL's budget held
         ([], []),
+        (
+            ["--total-timesteps", "1063"],
+            ["this run does no SGD step (learning starts at 1000): give --total-timesteps 1064"],
+        ),
+        (["--total-timesteps", "1064"], []),  # one call of 32 SGD steps
         (["--preset", "atari"], []),
         (["--preset", "minatar"], []),
     ],

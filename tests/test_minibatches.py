@@ -2,9 +2,9 @@
 is a proportional (or uniform) sample of the *whole* replay, and the priorities computed for a
 minibatch row land on the slot that row came from.
 
-The batches are taken from each script's own `sample_batches` (what its prefetch thread runs),
-with rows that carry their slot number in obs[:, 0], and the priorities go back through its
-writer (`write_priorities` on a thread pool, as train() runs it). Weights
+The batches are taken from what each script's prefetch thread runs (DQN: its Learner's `sample`,
+the others: `sample_batches`), with rows that carry their slot number in obs[:, 0], and the
+priorities go back through its writer (`write_priorities` on a thread pool, as train() runs it). Weights
 and priorities are checked against each row's own slot, not only the indexes the script reports.
 cpprb's sampler cannot be seeded, so each statistical threshold sits many standard errors away
 from the value it checks while the sampling bug this guards against (issue 11: one K*B stratified
@@ -25,7 +25,7 @@ class Replay:
     """One script's replay filled with n rows whose obs[:, 0] is their slot, and its writer."""
 
     def __init__(self, name: str, n: int, alpha: float, eps: float = 1e-6):
-        self.name, self.mod = name, load_script(name)
+        self.name, self.mod, self.beta = name, load_script(name), 0.4
         slot = np.arange(n, dtype=np.float32)
         obs = np.stack([slot, -slot], axis=1)
         if name == "bc_offline":
@@ -44,7 +44,13 @@ class Replay:
     def call(self, batch_size: int, num_batches: int):
         """(batches[K, B] as numpy, indexes[K * B], stamps or None) from the script's sample_batches."""
         args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)  # as train() calls it
-        out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
+        if self.name == "dqn_prioritized":  # one learner per shape of call: its train state is not used here
+            if getattr(self, "learner", None) is None or self.learner.args != args:
+                self.learner = self.mod.Learner(args, self.mod.QNetwork(1, (4,)), self.replay, (2,))
+            out = self.learner.sample(self.beta)
+        else:
+            self.replay.beta = self.beta
+            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
         return batches, out[1], (out[2] if len(out) == 3 else None)
 
@@ -59,7 +65,10 @@ class Replay:
         """priorities[K, B] through the script's writer thread, waited for."""
         rows = (indexes, priorities) if stamps is None else (indexes, stamps, priorities)  # BC's never go stale
         with concurrent.futures.ThreadPoolExecutor(1) as writer:  # write_priorities on a pool, as train() runs it
-            writer.submit(self.mod.write_priorities, self.replay, True, *rows, 0).result()
+            if self.name == "dqn_prioritized":  # the learner of the last call()
+                writer.submit(self.learner.write_priorities, *rows, 0).result()
+            else:
+                writer.submit(self.mod.write_priorities, self.replay, True, *rows, 0).result()
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
@@ -141,7 +150,7 @@ def test_importance_weights_are_normalised_per_minibatch(name):
     w_all = (n * prob) ** -beta
     r = Replay(name, n, alpha, eps)
     r.set_priorities(priorities)
-    r.replay.beta = beta
+    r.beta = beta
     batches, _, _ = r.call(batch_size, k)
     raw = w_all[batches["obs"][..., 0].astype(np.int64)]  # by each row's own slot, [K, B]
     # Acme / Dopamine: the largest weight of each minibatch is 1 (cpprb's own rule divides by the buffer's)

@@ -43,7 +43,7 @@ def template_params(m, old: dict, args):
         envs = m.make_env(args.env_id, 1)
         n, space = int(envs.single_action_space.n), envs.single_observation_space
         envs.close()
-        network = m.QNetwork(n, args.hidden_sizes, planes=m.is_planes(space))
+        network = m.make_network(args, space, n)
         return network.init(key, jnp.zeros((1,) + space.shape, jnp.float32)), {}
     if m.SCRIPT == "sac":
         envs = m.make_env(args.env_id, 1)

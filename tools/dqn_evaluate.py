@@ -53,7 +53,7 @@ def load_policy(path: str, env_id: Optional[str] = None):
     envs = env_fn(1)
     num_actions, space = int(envs.single_action_space.n), envs.single_observation_space
     envs.close()
-    network = dqn.QNetwork(num_actions, saved.hidden_sizes, planes=dqn.is_planes(space))
+    network = dqn.make_network(saved, space, num_actions)  # the script's own, as its run built it
     template = network.init(dqn.jax.random.PRNGKey(0), dqn.jnp.zeros((1,) + space.shape, dqn.jnp.float32))
     params = dqn.restore_tree(template, arrays, "train_state/params/" if kind == "checkpoint" else "params/", path)
     params = dqn.jax.device_put(params, dqn.actor_device("cpu", dqn.jax.devices()))  # acts on the host CPU

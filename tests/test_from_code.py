@@ -1,0 +1,98 @@
+"""The pieces as a researcher uses them from code (issue 58): train() in a loop over seeds stops on
+Ctrl-C, a bad env factory fails before the first env step, train() leaves JAX's settings as it
+found them, and a network changed in the script is the one the tools load."""
+
+import os
+import signal
+
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import load_script, load_tool
+
+dqn = load_script("dqn_prioritized")
+SMALL = dict(hidden_sizes=(16,), learning_starts=200, batch_size=32, buffer_size=2000, updates_per_call=4)
+SMALL.update(eval_episodes=2, eval_every=400, log_every=200, total_timesteps=800)
+
+
+def cartpole(num_envs, video=None):
+    """A custom env factory as the docstring shows it."""
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    return gym.make_vec("CartPole-v1", num_envs, vectorization_mode="sync", vector_kwargs=same_step)
+
+
+class Counting(gym.vector.VectorWrapper):
+    """Counts env steps; sends this process SIGINT at step `interrupt_at` (a Ctrl-C while the loop runs)."""
+
+    steps, interrupt_at = 0, None
+
+    def step(self, actions):
+        Counting.steps += 1
+        if Counting.steps == Counting.interrupt_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().step(actions)
+
+
+def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_interrupt(tmp_path, capsys):
+    """A loop over seeds stops at the Ctrl-C (train() used to return, and the next seed ran all its steps)."""
+    Counting.steps, Counting.interrupt_at = 0, 300
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        for seed in (1, 2):
+            ran.append(seed)
+            dqn.train(
+                dqn.Args(seed=seed, run_dir=str(tmp_path / f"seed{seed}"), **SMALL),
+                lambda n, video=None: Counting(cartpole(n)),
+            )
+    assert ran == [1]
+    meta, _ = dqn.load_npz(str(tmp_path / "seed1"), "checkpoint")
+    assert meta["global_step"] == 300  # checkpointed where it stopped
+    assert f"continue with --resume {tmp_path / 'seed1'}" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+def test_an_env_factory_without_the_video_argument_fails_before_the_first_env_step(tmp_path):
+    """The evaluations call env_fn(n, video=...): train() calls it so once at the start (it used to
+    fail at the first evaluation, after every step until then, with no checkpoint)."""
+    Counting.steps, Counting.interrupt_at = 0, None
+    with pytest.raises(dqn.ConfigError, match="env_fn\\(num_envs, video=...\\) failed: .*video"):
+        dqn.train(dqn.Args(run_dir=str(tmp_path / "run"), **SMALL), lambda n: Counting(cartpole(n)))
+    assert Counting.steps == 0
+
+
+def test_train_leaves_jax_settings_as_it_found_them(tmp_path):
+    before = jax.config.read("jax_cpu_enable_async_dispatch")
+    try:
+        for value in (True, False):
+            jax.config.update("jax_cpu_enable_async_dispatch", value)
+            dqn.train(dqn.Args(run_dir=str(tmp_path / str(value)), **SMALL), cartpole)
+            assert jax.config.read("jax_cpu_enable_async_dispatch") is value
+    finally:
+        jax.config.update("jax_cpu_enable_async_dispatch", before)
+
+
+class Dueling(dqn.QNetwork):
+    """A researcher's change to the script's network (a dueling head, Wang et al. 2016)."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = nn.relu(nn.Dense(width)(x))
+        value, advantage = nn.Dense(1)(x), nn.Dense(self.num_actions)(x)
+        return value + advantage - advantage.mean(axis=-1, keepdims=True)
+
+
+def test_the_tools_load_the_network_the_script_builds(tmp_path, monkeypatch):
+    """tools/dqn_evaluate.py builds the network through the script's make_network (it built its own copy,
+    so a changed network failed to load there)."""
+    monkeypatch.setattr(dqn, "make_network", lambda args, space, n: Dueling(n, args.hidden_sizes))
+    run_dir = str(tmp_path / "run")
+    dqn.train(dqn.Args(run_dir=run_dir, **SMALL))
+    act, params, saved, _, _ = load_tool("dqn_evaluate").load_policy(run_dir)
+    assert saved.hidden_sizes == (16,) and "Dense_2" in params["params"]  # the dueling head's layers
+    actions = act(params, np.zeros((3, 4), np.float32), 0.0, np.random.default_rng(0))
+    assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
