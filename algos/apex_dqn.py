@@ -719,8 +719,9 @@ def first_line(error: BaseException) -> str:
     return (str(getattr(error, "cause", None) or error).strip().splitlines() or [type(error).__name__])[0]
 
 
+# >>> shared: files (each script that holds it holds this text: tests/test_shared.py)
 def write_atomic(path: str, write) -> None:
-    """write(file) to a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
+    """write(file) into a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -742,13 +743,18 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
     """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
+    path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
+    require(os.path.isfile(path), f"no such file: {path}")
+    with open(path, "rb") as f:
+        old = f"{path} is a pickle of an earlier version: not loaded (docs/reliability.md, Old .pkl files)"
+        require(f.read(1) != b"\x80", old)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
         meta = json.loads(arrays.pop("meta.json").tobytes())
-        require(all(isinstance(v, np.ndarray) for v in arrays.values()), "a member that is not an array")
-    except Exception as e:  # no file, a pickle, a cut-short zip, an object array, no meta.json, ...
+    except Exception as e:  # a cut-short zip, an object array, no meta.json, ...
         raise ConfigError(f"{path} is not a readable {kind} ({type(e).__name__}: {first_line(e)})") from None
+    require(all(isinstance(v, np.ndarray) for v in arrays.values()), f"{path} has a member that is not an array")
     ours = isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == kind
     require(ours, f"{path} is not a {kind} written by {SCRIPT}.py (format {FORMAT})")
     return meta, arrays
@@ -769,6 +775,7 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
+# <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile, or the command line's), or a ConfigError on the first bad one."""
     try:

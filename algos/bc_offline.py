@@ -605,8 +605,9 @@ def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+# >>> shared: files (each script that holds it holds this text: tests/test_shared.py)
 def write_atomic(path: str, write) -> None:
-    """write(file) to a new temp file, fsync, rename: the previous file stays whole, a symlink is replaced."""
+    """write(file) into a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -660,6 +661,7 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
+# <<< shared: files
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)

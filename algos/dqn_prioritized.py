@@ -26,6 +26,13 @@ Run
   python algos/dqn_prioritized.py --env-id ALE/Breakout-v5 --preset atari --num-devices -1
   python algos/dqn_prioritized.py --resume runs/<run>                # continue from its checkpoint
   python tools/dqn_evaluate.py runs/<run>        # tools/: evaluate a model, write a dataset, plot a run
+From code, on an env of your own (a factory of vector envs in SAME_STEP autoreset mode; `video` films evaluations):
+  import gymnasium as gym, dqn_prioritized as dqn
+  def env_fn(num_envs, video=None):
+      return gym.make_vec("Acrobot-v1", num_envs, vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+  dqn.train(dqn.Args(env_id="Acrobot-v1", total_timesteps=20_000, run_dir="runs/mine"), env_fn)  # Ctrl-C: saves, raises
+  dqn.train(dqn.parse_args(["--resume", "runs/mine", "--total-timesteps", "40000"]), env_fn)  # continues it
+The tools take such an env as a gymnasium id "module:Env" with its module on PYTHONPATH.
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
 (CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/dqn.md.
 """
@@ -781,7 +788,7 @@ def train(args: Args, env_fn=None) -> dict:
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=env_seed(args.seed, step, 1))  # env state is not saved: a resume starts new episodes
         adder.start(obs)
-        run.redo_evaluation(step)
+        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
         while step < args.total_timesteps and not run.stopped:
             # ACT: epsilon-greedy on the actor's copy of the params, epsilon decaying linearly
             epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
@@ -964,9 +971,9 @@ def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+# >>> shared: files (each script that holds it holds this text: tests/test_shared.py)
 def write_atomic(path: str, write) -> None:
-    """write(file) into a new temp file beside `path`, fsync, rename: a crash, kill or full disk
-    leaves the previous file whole, and the rename replaces a symlink instead of writing through it."""
+    """write(file) into a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -1020,6 +1027,7 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
+# <<< shared: files
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)
@@ -1146,6 +1154,9 @@ def open_run_dir(args: Args) -> str:
 # --------------------------------------------------------------------------------------------- RUN
 
 
+Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "learn"])  # the learner's counters
+
+
 class Run:
     """train()'s harness: the run folder and its args.json, resume, logging (tensorboard, W&B, eval.csv, the
     progress bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which
@@ -1155,14 +1166,14 @@ class Run:
         self.args, self.learner, self.replay, self.act, self.env_fn = args, learner, replay, act, env_fn
         self.dir, self.step, self.episodes, self.missed = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
-        try:  # what the evaluations will call, called once now: a bad factory fails before the first env step
-            probe = env_fn(args.eval_episodes, video=video)
+        try:  # called as the evaluations will call it: a bad factory fails before the first env step
+            with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
+                require(check_envs(probe) == spaces, "the evaluation envs' spaces differ from the training envs'")
         except TypeError as e:
             raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
-        with contextlib.closing(probe):
-            require(check_envs(probe) == spaces, "the evaluation envs' spaces differ from the training envs'")
         if args.resume:
-            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, replay, spaces[1], args)
+            total = args.total_timesteps
+            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, replay, spaces[1], total)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
         self.logger = Logger(self.dir, args, resumed_at)
@@ -1178,22 +1189,12 @@ class Run:
         self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.step, n) for n in every)
         self.saved_step = self.step if args.resume else None
         self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        self.tick = self.counters(self.step)
+        self.tick = Tick(time.perf_counter(), self.step, learner.sgd_steps, 0.0, 0.0)
 
     def on_signal(self, signum, frame):
         if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
             raise KeyboardInterrupt
         self.stopped.append(signum)
-
-    def counters(self, step: int) -> dict:
-        learner = self.learner
-        return dict(
-            time=time.perf_counter(),
-            step=step,
-            sgd=learner.sgd_steps,
-            wait=learner.wait_seconds,
-            learn=learner.learn_seconds,
-        )
 
     def log(self, step: int, reward, done, epsilon: float) -> None:
         """Each episode's return and length as it ends; every --log-every steps the rates, losses and replay."""
@@ -1201,22 +1202,20 @@ class Run:
         self.lengths += 1
         for i in np.flatnonzero(done):
             self.episodes += 1
-            self.logger.scalars(
-                step, {"charts/episodic_return": self.returns[i], "charts/episodic_length": self.lengths[i]}
-            )
+            episode = {"charts/episodic_return": self.returns[i], "charts/episodic_length": self.lengths[i]}
+            self.logger.scalars(step, episode)
             self.returns[i], self.lengths[i] = 0.0, 0
         if step < self.next_log:
             return
-        self.next_log, last, self.tick = next_multiple(step, self.args.log_every), self.tick, self.counters(step)
-        seconds, learner = self.tick["time"] - last["time"], self.learner
-        sps = (step - last["step"]) / seconds
+        last, learner = self.tick, self.learner
+        self.tick = Tick(time.perf_counter(), step, learner.sgd_steps, learner.wait_seconds, learner.learn_seconds)
+        self.next_log, seconds = next_multiple(step, self.args.log_every), self.tick.time - last.time
+        sps = (step - last.step) / seconds
         scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": learner.beta(step)}
         scalars["replay/priority_max"] = self.replay.max_priority()
-        scalars["perf/updates_per_second"] = (self.tick["sgd"] - last["sgd"]) / seconds
-        if self.tick["learn"] > last["learn"]:
-            scalars["perf/learner_wait_fraction"] = (self.tick["wait"] - last["wait"]) / (
-                self.tick["learn"] - last["learn"]
-            )
+        scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
+        if self.tick.learn > last.learn:
+            scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
         if self.replay.frames is not None:
             scalars["replay/stale_rows"] = self.replay.stale
         self.logger.scalars(step, {**scalars, **{k: float(v) for k, v in learner.metrics.items()}})
@@ -1225,27 +1224,20 @@ class Run:
         line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {self.episodes}  eval {self.last_eval}"
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix_str(line, refresh=False)
-        if self.bar.disable and (
-            step % (10 * self.args.log_every) < self.args.num_envs or step >= self.args.total_timesteps
-        ):
+        final = step >= self.args.total_timesteps
+        if self.bar.disable and (step % (10 * self.args.log_every) < self.args.num_envs or final):
             print(f"step {step:>8d}  {line}", flush=True)
 
     def evaluate(self, step: int) -> None:
-        """Every --eval-every steps; the final evaluation comes after the loop."""
-        if self.next_eval <= step < self.args.total_timesteps:
+        """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
+        if self.missed or self.next_eval <= step < self.args.total_timesteps:
             self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
-    def redo_evaluation(self, step: int) -> None:
-        """The evaluation a signal cut short before the checkpoint the run resumed from."""
-        if self.missed:
-            self.evaluation(step, "eval")
-
     def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
-        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
-        seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        args, seed = self.args, self.args.seed + 10_000  # the same episodes every time: only the policy differs
+        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
         params = actor_copy(self.learner.state.params, self.learner.actor)  # the current params, not the actor's
-        args = self.args
         returns = evaluate(
             self.act, params, self.env_fn, args.eval_episodes, args.eval_epsilon, seed, video, self.stopped
         )
@@ -1285,7 +1277,7 @@ class Run:
         return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": self.learner.sgd_steps}
 
 
-def load_checkpoint(run_dir: str, learner: Learner, replay: PrioritizedReplay, num_actions: int, args: Args):
+def load_checkpoint(run_dir: str, learner: Learner, replay: PrioritizedReplay, num_actions: int, total: int):
     """(global step, episodes, whether an evaluation was cut short); loads the train state and the replay."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
@@ -1295,10 +1287,7 @@ def load_checkpoint(run_dir: str, learner: Learner, replay: PrioritizedReplay, n
     require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
     replay.load_state_dict(arrays, path, num_actions)
-    was, total = (
-        meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None,
-        args.total_timesteps,
-    )
+    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
     note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
     print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {len(replay)} rows in the replay){note}")
     return step, episodes, meta.get("eval_missed") is True
@@ -1314,7 +1303,7 @@ def warn(args: Args) -> None:
     if sgd_steps < args.updates_per_call:
         least = args.learning_starts + args.updates_per_call * args.train_frequency
         notes.append(
-            f"this run does no SGD step (learning starts at {args.learning_starts}): give --total-timesteps {least} or more"
+            f"no SGD step in this run (learning starts at {args.learning_starts}): give --total-timesteps {least}"
         )
     if args.tau == 1 and args.huber_delta <= 1 and args.target_network_frequency < 500:
         notes.append(

@@ -570,8 +570,9 @@ def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+# >>> shared: files (each script that holds it holds this text: tests/test_shared.py)
 def write_atomic(path: str, write) -> None:
-    """write(file) into a new temp file beside `path`, fsync, rename: a failed write leaves the old file whole."""
+    """write(file) into a temp file beside `path`, fsync, rename: a crash keeps the old file, a symlink is replaced."""
     tmp = f"{path}.tmp.{os.getpid()}.{time.time_ns()}"
     try:
         with open(tmp, "xb") as f:  # x: a file of its own, never one found there
@@ -592,7 +593,7 @@ def save_npz(path: str, meta: dict, arrays: dict) -> None:
 
 
 def load_npz(path: str, kind: str) -> Tuple[dict, dict]:
-    """(meta.json, arrays named by their place) of a `kind` this script wrote, read without pickle."""
+    """(meta, arrays) of a `kind` ("checkpoint" or "model") this script wrote, else a ConfigError."""
     path = os.path.join(path, f"{kind}.npz") if os.path.isdir(path) else path
     require(os.path.isfile(path), f"no such file: {path}")
     with open(path, "rb") as f:
@@ -625,6 +626,7 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
+# <<< shared: files
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)

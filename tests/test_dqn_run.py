@@ -203,7 +203,7 @@ FEW = "one SGD step per 10 env steps ({} in all) learned but fell back by the en
         ([], []),
         (
             ["--total-timesteps", "1063"],
-            ["this run does no SGD step (learning starts at 1000): give --total-timesteps 1064"],
+            ["no SGD step in this run (learning starts at 1000): give --total-timesteps 1064"],
         ),
         (["--total-timesteps", "1064"], []),  # one call of 32 SGD steps
         (["--preset", "atari"], []),

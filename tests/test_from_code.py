@@ -96,3 +96,15 @@ def test_the_tools_load_the_network_the_script_builds(tmp_path, monkeypatch):
     assert saved.hidden_sizes == (16,) and "Dense_2" in params["params"]  # the dueling head's layers
     actions = act(params, np.zeros((3, 4), np.float32), 0.0, np.random.default_rng(0))
     assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
+
+
+def test_the_docstrings_custom_env_example_runs_and_resumes(tmp_path, monkeypatch):
+    """The example in the script's docstring, as written but for a shorter budget."""
+    lines = dqn.__doc__.split("From code")[1].split("\n")[1:]
+    code = "\n".join(line[2:] for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("  "))])
+    assert 'dqn.train(dqn.parse_args(["--resume"' in code
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "dqn_prioritized", dqn)
+    exec(code.replace("20_000", "1_000").replace('"40000"', '"1200"'), {})
+    meta, _ = dqn.load_npz(str(tmp_path / "runs" / "mine"), "checkpoint")
+    assert meta["global_step"] == 1200 and meta["args"]["env_id"] == "Acrobot-v1"
