@@ -29,10 +29,11 @@ Run
 From code, on an env of your own (a factory of vector envs in SAME_STEP autoreset mode; `video` films evaluations):
   import gymnasium as gym, dqn_prioritized as dqn
   def env_fn(num_envs, video=None):
-      return gym.make_vec("Acrobot-v1", num_envs, vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
-  dqn.train(dqn.Args(env_id="Acrobot-v1", total_timesteps=20_000, run_dir="runs/mine"), env_fn)  # Ctrl-C: saves, raises
+      return gym.make_vec("Acrobot-v1", num_envs, vector_kwargs={"autoreset_mode": "SameStep"})
+  dqn.train(dqn.Args(env_id="Acrobot-v1", total_timesteps=20_000, run_dir="runs/mine"), env_fn)
   dqn.train(dqn.parse_args(["--resume", "runs/mine", "--total-timesteps", "40000"]), env_fn)  # continues it
-The tools take such an env as a gymnasium id "module:Env" with its module on PYTHONPATH.
+Ctrl-C in train() checkpoints, then raises KeyboardInterrupt. The tools take such an env as a gymnasium id
+"module:Env" with its module on PYTHONPATH.
 Outputs: runs/<env_id>__dqn_prioritized__<seed>__<time>/ holds args.json, eval.csv, tensorboard events
 (CleanRL's tags), checkpoint.npz and model.npz (arrays and JSON, read without pickle), videos/. See docs/dqn.md.
 """
@@ -639,6 +640,7 @@ class Learner:
     def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
         self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
         self.actor = actor_device(args.actor_device, self.shardings.replicated.mesh.devices.flat)
+        self.num_actions = network.num_actions
         optimizer = make_optimizer(args, sgd_budget(args))
         init = functools.partial(init_train_state, network, optimizer, obs_shape)
         shapes = jax.eval_shape(init, jax.random.PRNGKey(args.seed))
@@ -693,17 +695,32 @@ class Learner:
         if self.args.prioritized:  # with alpha = 0 a write changes nothing
             self.replay.update_priorities(indexes, stamps, priorities.reshape(-1))
 
+    def scalars(self, step: int) -> dict:
+        """What it logs: the last call's losses, beta, the largest priority (and the frame rows gone stale)."""
+        scalars = {k: float(v) for k, v in self.metrics.items()}
+        scalars.update({"replay/beta": self.beta(step), "replay/priority_max": self.replay.max_priority()})
+        if self.replay.frames is not None:
+            scalars["replay/stale_rows"] = self.replay.stale
+        return scalars
+
+    def progress(self) -> str:
+        return f"loss {float(self.metrics.get('losses/td_loss', np.nan)):.4f}"
+
+    def policy_params(self):
+        return self.state.params
+
     def state_dict(self) -> dict:
-        """The train state's arrays, once the priorities of every call so far are in the replay."""
+        """The train state and the replay, once the priorities of every call so far are in the replay."""
         while self.writes:
             self.writes.popleft().result()
-        return tree_arrays("train_state/", self.state)
+        return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
 
     def load_state_dict(self, arrays: Optional[dict], path: str) -> None:
-        """A checkpoint's checked train state (a checkpoint holds one copy, whatever number of devices wrote it)."""
+        """A checkpoint's checked train state (one copy, whatever number of devices wrote it) and replay."""
         if arrays is not None:
             state = restore_tree(self.state, arrays, "train_state/", path)
             self.state = jax.device_put(state, self.shardings.replicated)
+            self.replay.load_state_dict(arrays, path, self.num_actions)
         self.sgd_steps = int(self.state.sgd_steps)
         self.actor_params = actor_copy(self.state.params, self.actor)  # no lag yet
 
@@ -782,7 +799,9 @@ def train(args: Args, env_fn=None) -> dict:
         learner = Learner(args, network, replay, space.shape)
         cleanup.callback(learner.close)
         act = make_act(network.apply, num_actions)
-        run = Run(args, learner, replay, act, env_fn, (space, num_actions), cleanup)
+        spaces = (envs.single_observation_space, envs.single_action_space)
+        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
+        run = Run(args, learner, env_fn, spaces, play, cleanup)
         step, adder = run.step, Adder(replay, nstep, args.terminal_on_life_loss)
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
         envs.action_space.seed(args.seed + step)
@@ -805,7 +824,7 @@ def train(args: Args, env_fn=None) -> dict:
                 if not learner.step(step):  # the replay holds fewer than B rows yet
                     break
 
-            run.log(step, reward, terminated | truncated, epsilon)
+            run.log(step, reward, terminated | truncated, {"charts/epsilon": epsilon})
             run.evaluate(step)
             run.checkpoint(step)
         return run.finish(step)
@@ -1073,6 +1092,7 @@ def check_args(args: Args) -> Args:
 # ------------------------------------------------------------------------------------------ LOGGING
 
 
+# >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
     """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
     docs/benchmarks.md), eval.csv, and with --track W&B, its run id the folder's name so that a resume continues it."""
@@ -1158,22 +1178,22 @@ Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "lea
 
 
 class Run:
-    """train()'s harness: the run folder and its args.json, resume, logging (tensorboard, W&B, eval.csv, the
-    progress bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which
-    checkpoints; a second Ctrl-C stops at once. The envs it evaluates on are built once here, as a probe."""
+    """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
+    bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
+    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
 
-    def __init__(self, args: Args, learner: Learner, replay: PrioritizedReplay, act, env_fn, spaces: tuple, cleanup):
-        self.args, self.learner, self.replay, self.act, self.env_fn = args, learner, replay, act, env_fn
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
+        self.args, self.learner, self.play = args, learner, play
         self.dir, self.step, self.episodes, self.missed = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
             with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
-                require(check_envs(probe) == spaces, "the evaluation envs' spaces differ from the training envs'")
+                same = (probe.single_observation_space, probe.single_action_space) == spaces
+                require(same, "the evaluation envs' spaces differ from the training envs'")
         except TypeError as e:
             raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
         if args.resume:
-            total = args.total_timesteps
-            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, replay, spaces[1], total)
+            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, args.total_timesteps)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
         self.logger = Logger(self.dir, args, resumed_at)
@@ -1196,8 +1216,8 @@ class Run:
             raise KeyboardInterrupt
         self.stopped.append(signum)
 
-    def log(self, step: int, reward, done, epsilon: float) -> None:
-        """Each episode's return and length as it ends; every --log-every steps the rates, losses and replay."""
+    def log(self, step: int, reward, done, scalars: dict) -> None:
+        """Each episode's return and length as it ends; every --log-every steps the rates and the learner's own."""
         self.returns += reward
         self.lengths += 1
         for i in np.flatnonzero(done):
@@ -1211,17 +1231,13 @@ class Run:
         self.tick = Tick(time.perf_counter(), step, learner.sgd_steps, learner.wait_seconds, learner.learn_seconds)
         self.next_log, seconds = next_multiple(step, self.args.log_every), self.tick.time - last.time
         sps = (step - last.step) / seconds
-        scalars = {"charts/SPS": sps, "charts/epsilon": epsilon, "replay/beta": learner.beta(step)}
-        scalars["replay/priority_max"] = self.replay.max_priority()
+        scalars = {"charts/SPS": sps, **scalars, **learner.scalars(step)}
         scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
         if self.tick.learn > last.learn:
             scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
-        if self.replay.frames is not None:
-            scalars["replay/stale_rows"] = self.replay.stale
-        self.logger.scalars(step, {**scalars, **{k: float(v) for k, v in learner.metrics.items()}})
+        self.logger.scalars(step, scalars)
         self.logger.flush()
-        loss = float(learner.metrics.get("losses/td_loss", float("nan")))
-        line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {self.episodes}  eval {self.last_eval}"
+        line = f"SPS {sps:7.0f}  {learner.progress()}  episodes {self.episodes}  eval {self.last_eval}"
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix_str(line, refresh=False)
         final = step >= self.args.total_timesteps
@@ -1235,25 +1251,22 @@ class Run:
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
     def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
-        args, seed = self.args, self.args.seed + 10_000  # the same episodes every time: only the policy differs
-        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-        params = actor_copy(self.learner.state.params, self.learner.actor)  # the current params, not the actor's
-        returns = evaluate(
-            self.act, params, self.env_fn, args.eval_episodes, args.eval_epsilon, seed, video, self.stopped
-        )
+        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
+        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
         self.missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
         return returns
 
     def checkpoint(self, step: int, due: bool = False) -> None:
-        """Every --checkpoint-every steps (or now, if due): the train state, the replay and the counters."""
+        """Every --checkpoint-every steps (or now, if due): the learner's state, the replay and the counters."""
         if step < self.next_checkpoint and not due:
             return
         self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
-        arrays = {**self.learner.state_dict(), **self.replay.state_dict()}
         counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.missed}
-        save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, arrays)
+        save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
         self.saved_step = step
 
     def finish(self, step: int) -> dict:
@@ -1264,7 +1277,7 @@ class Run:
         self.bar.update(step - self.bar.n)  # the steps after the last log tick
         self.bar.close()  # before anything else prints
         if not self.stopped:
-            params = tree_arrays("params/", self.learner.state.params)
+            params = tree_arrays("params/", self.learner.policy_params())
             save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
             returns = self.evaluation(step, "final")
         summary = {"run_dir": self.dir, "global_step": step}
@@ -1277,19 +1290,19 @@ class Run:
         return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": self.learner.sgd_steps}
 
 
-def load_checkpoint(run_dir: str, learner: Learner, replay: PrioritizedReplay, num_actions: int, total: int):
-    """(global step, episodes, whether an evaluation was cut short); loads the train state and the replay."""
+def load_checkpoint(run_dir: str, learner: Learner, total: int):
+    """(global step, episodes, whether an evaluation was cut short); loads the learner's state and replay."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
-    learner.load_state_dict(arrays, path)
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    learner.load_state_dict(arrays, path)
     require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path, num_actions)
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
     note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
-    print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {len(replay)} rows in the replay){note}")
+    rows = len(learner.replay)
+    print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
     return step, episodes, meta.get("eval_missed") is True
 
 
@@ -1297,6 +1310,7 @@ def next_multiple(step: int, every: int):
     return (step // every + 1) * every if every else float("inf")
 
 
+# <<< shared: harness
 def warn(args: Args) -> None:
     """One line each, at the start, for settings that will not learn, or did not on CartPole (docs/dqn.md)."""
     sgd_steps, notes = sgd_budget(args), []
@@ -1372,6 +1386,8 @@ def cli(argv=None) -> int:
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # train() checkpointed first and said how to resume (a second Ctrl-C: at once)
+        return 128 + signal.SIGINT
     return 128 + result["signal"] if "signal" in result else 0
 
 

@@ -26,6 +26,14 @@ Run (outputs: runs/<env_id>__sac__<seed>__<time>/, arrays and JSON, no pickle; d
   python algos/sac.py --resume runs/<run>                      # continue from its checkpoint
   python algos/sac.py --capture-video --track                  # eval videos, Weights & Biases
   python tools/sac_evaluate.py runs/<run>         # tools/: evaluate a model, write a dataset, plot a run
+From code, on an env of your own (a factory of vector envs in SAME_STEP autoreset mode; `video` films evaluations):
+  import gymnasium as gym, sac
+  def env_fn(num_envs, video=None):
+      return gym.make_vec("MountainCarContinuous-v0", num_envs, vector_kwargs={"autoreset_mode": "SameStep"})
+  sac.train(sac.Args(env_id="MountainCarContinuous-v0", total_timesteps=20_000, run_dir="runs/mine"), env_fn)
+  sac.train(sac.parse_args(["--resume", "runs/mine", "--total-timesteps", "40000"]), env_fn)  # continues it
+Ctrl-C in train() checkpoints, then raises KeyboardInterrupt. The tools take such an env as a gymnasium id
+"module:Env" with its module on PYTHONPATH.
 """
 
 import os
@@ -221,7 +229,7 @@ class PrioritizedReplay:
     128 rows at a time; write_count[slot] counts overwrites: a |TD| goes back only to the row it came from."""
 
     def __init__(self, capacity, obs_dim, action_dim, alpha, eps):
-        self.capacity, self.beta = capacity, 0.4
+        self.capacity = capacity
         self.spec = dict(zip(ROW, ((obs_dim,), (action_dim,), (), (obs_dim,), ())))  # a row's shapes, all float32
         cpprb_spec = {k: {"shape": shape or 1, "dtype": np.float32} for k, shape in self.spec.items()}
         self.buffer = cpprb.PrioritizedReplayBuffer(capacity, cpprb_spec, alpha=alpha, eps=eps)
@@ -254,15 +262,17 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged = 0
 
-    def sample(self, batch_size: int, num_batches: int = 1):
+    def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0):
         """(batches[K, B, ...] with IS 'weights', slot indexes[K * B], their write counts). PER stratifies each
         minibatch over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. One cpprb
         draw of K*B rows takes one from each 1/(K*B), K in each 1/B; those K are dealt out to the K minibatches in
-        random order, so a minibatch's row there is uniform over that 1/B."""
+        random order, so a minibatch's row there is uniform over that 1/B. Rows add() stages wait for flush()."""
         k, b = num_batches, batch_size
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
-            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
+            if not self.buffer.get_stored_size():
+                raise ValueError(f"sample: no rows in the replay yet ({self.staged} staged: flush() hands them over)")
+            draw = self.buffer.sample(k * b, beta=beta)  # one beta for the K minibatches
             batch = {key: value[deal].reshape((k, b) + value.shape[1:]) for key, value in draw.items()}  # copies
             indexes = batch.pop("indexes").astype(np.int64).reshape(-1)
             stamps = self.write_count[indexes]
@@ -281,6 +291,15 @@ class PrioritizedReplay:
                 self.buffer.update_priorities(indexes[fresh], priorities[fresh])
                 self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
+
+    def __len__(self) -> int:
+        """Rows cpprb holds (staged ones not yet)."""
+        with self.lock:
+            return self.buffer.get_stored_size()
+
+    def max_priority(self) -> float:
+        with self.lock:
+            return self.buffer.get_max_priority()
 
     def state_dict(self) -> dict:
         self.flush()
@@ -370,9 +389,9 @@ def actor_alpha_loss(nets: Nets, actor_params, log_alpha, critic_params, obs, ke
     return actor_loss + alpha_loss, (actor_loss, alpha_loss, -jnp.mean(log_prob))
 
 
-def make_update(nets: Nets, args: Args, action_dim: int):
+def make_update(nets: Nets, args: Args, action_dim: int, shardings: "Shardings"):
     """jit(state, batches[K, B, ...], key) -> (state, metrics, priorities[K, B]): K SGD steps in a lax.scan."""
-    shardings, target_entropy = learner_shardings(args), -args.target_entropy_scale * action_dim
+    target_entropy = -args.target_entropy_scale * action_dim
 
     def actor_step(carry, key):
         state, obs = carry
@@ -438,6 +457,111 @@ def learner_shardings(args: Args) -> Shardings:
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
 
 
+class Learner:
+    """Acme's learner: it owns the train state (on the learner's devices) and its PRNG key, beta's schedule, a
+    prefetch thread that samples K minibatches ahead and puts them on the device(s), and a writer thread that
+    writes each call's |TD| back as priorities. step() runs one jitted call of K SGD steps; actor_params is the
+    actor's copy of the policy, taken as each call is dispatched (so it lags the learner by at most K SGD steps)."""
+
+    def __init__(self, args: Args, nets: Nets, replay: PrioritizedReplay, obs_dim: int, action_dim: int):
+        self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
+        self.actor = actor_device(self.shardings.replicated.mesh.devices.flat)
+        self.key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        init = functools.partial(init_train_state, nets, args, obs_dim, action_dim)
+        shapes = jax.eval_shape(init, init_key)
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+        batches = (
+            (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * (2 * obs_dim + action_dim + 3) * 4
+        )
+        require_memory(2 * state_bytes + batches, "the networks, their copies and the batches in flight", True)
+        self.state = jax.device_put(init(init_key), self.shardings.replicated)
+        self.update = make_update(nets, args, action_dim, self.shardings)
+        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
+        self.metrics, self.wait_seconds, self.learn_seconds = {}, 0.0, 0.0
+        self.load_state_dict(None, "")
+
+    def step(self, env_step: int) -> bool:
+        """K SGD steps in one call on batches sampled ahead; False, and nothing done, while the replay holds
+        fewer than B rows (a resumed replay's may be fewer)."""
+        self.replay.flush()
+        if len(self.replay) < self.args.batch_size:
+            return False
+        beta = self.beta(env_step)
+        while len(self.batches) <= self.args.prefetch_size:  # prefetch_size calls ahead while this one learns
+            self.batches.append(self.sampler.submit(self.sample, beta))
+        start = time.perf_counter()
+        batches, indexes, stamps = self.batches.popleft().result()
+        self.wait_seconds += time.perf_counter() - start
+        self.actor_params = actor_copy(self.state.actor_params, self.actor)  # call i-1's params act while i runs
+        self.state, self.metrics, priorities = self.update(self.state, batches, self.key)
+        self.writes.append(self.writer.submit(self.write_priorities, indexes, stamps, priorities, self.sgd_steps))
+        while self.writes and self.writes[0].done():
+            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
+        self.sgd_steps += self.args.updates_per_call
+        self.learn_seconds += time.perf_counter() - start
+        return True
+
+    def beta(self, env_step: int) -> float:
+        return 1.0 + (self.args.per_beta0 - 1.0) * max(0.0, 1.0 - env_step / self.args.total_timesteps)
+
+    def sample(self, beta: float):
+        """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
+        batches, indexes, stamps = self.replay.sample(self.args.batch_size, self.args.updates_per_call, beta)
+        return jax.device_put(batches, self.shardings.batch), indexes, stamps
+
+    def write_priorities(self, indexes, stamps, priorities, first_step: int) -> None:
+        """On the writer thread (reading |TD| waits for the call): stop on divergence, else write back."""
+        priorities = np.asarray(priorities, np.float64)
+        finite = np.isfinite(priorities).all(axis=1)
+        if not finite.all():
+            step = first_step + int(np.argmin(finite)) + 1
+            raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
+        if self.args.prioritized:  # with alpha = 0 a write changes nothing
+            self.replay.update_priorities(indexes, stamps, priorities.reshape(-1))
+
+    def scalars(self, step: int) -> dict:
+        """What it logs: the last call's losses, beta and the largest priority."""
+        scalars = {k: float(v) for k, v in self.metrics.items()}
+        return {**scalars, "replay/beta": self.beta(step), "replay/priority_max": self.replay.max_priority()}
+
+    def progress(self) -> str:
+        q_loss, alpha = (float(self.metrics.get(k, np.nan)) for k in ("losses/qf_loss", "losses/alpha"))
+        return f"qf_loss {q_loss:.3f}  alpha {alpha:.3f}"
+
+    def policy_params(self):
+        return self.state.actor_params
+
+    def state_dict(self) -> dict:
+        """The train state, its key and the replay, once the priorities of every call so far are in the replay."""
+        while self.writes:
+            self.writes.popleft().result()
+        return {**tree_arrays("train_state/", self.state), "key": np.asarray(self.key), **self.replay.state_dict()}
+
+    def load_state_dict(self, arrays: Optional[dict], path: str) -> None:
+        """A checkpoint's checked train state (one copy, whatever number of devices wrote it), key and replay."""
+        if arrays is not None:
+            state = restore_tree(self.state, arrays, "train_state/", path)
+            self.state = jax.device_put(state, self.shardings.replicated)
+            self.key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
+            self.replay.load_state_dict(arrays, path)
+        self.sgd_steps = int(self.state.sgd_steps)
+        self.actor_params = actor_copy(self.state.actor_params, self.actor)  # no lag yet
+
+    def close(self) -> None:
+        self.sampler.shutdown(cancel_futures=True)
+        self.writer.shutdown()
+
+
+def make_replay(args: Args, obs_dim: int, action_dim: int) -> PrioritizedReplay:
+    """The replay, refused before allocating what this machine's RAM cannot hold."""
+    row_bytes = (2 * obs_dim + action_dim + 3) * 4 + 48  # + priorities, write counts, cpprb's trees
+    require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
+    alpha = args.per_alpha if args.prioritized else 0.0
+    return PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
+
+
 # ------------------------------------------------------------------------------------------- ACTING
 
 
@@ -476,6 +600,73 @@ def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.n
 def from_env_action(env_action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """[n, *shape] in [low, high] -> [n, prod(shape)] in [-1, 1], the inverse of to_env_action."""
     return np.clip(2.0 * (env_action - low) / (high - low) - 1.0, -1.0, 1.0).reshape(len(env_action), -1)
+
+
+# -------------------------------------------------------------------------------------------- TRAIN
+
+
+def train(args: Args, env_fn=None) -> dict:
+    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) -> a vector env in SAME_STEP
+    autoreset mode builds the training and evaluation envs (default: make_env for --env-id). Returns a summary;
+    a first Ctrl-C checkpoints, then raises KeyboardInterrupt (SIGTERM checkpoints and returns)."""
+    args = check_args(args)
+    warn(args)
+    env_fn = env_fn or functools.partial(make_env, args.env_id)
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
+        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
+        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
+        mode = envs.metadata.get("autoreset_mode")
+        require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
+        check_spaces(envs, args.env_id)
+        require(envs.num_envs == args.num_envs, f"the env factory made {envs.num_envs} envs, not {args.num_envs}")
+        obs_dim, action_dim = envs.single_observation_space.shape[0], int(np.prod(envs.single_action_space.shape))
+        low, high = envs.single_action_space.low, envs.single_action_space.high
+        nets = make_nets(args, action_dim)
+        replay = make_replay(args, obs_dim, action_dim)
+        learner = Learner(args, nets, replay, obs_dim, action_dim)
+        cleanup.callback(learner.close)
+        act = make_act(nets.actor)
+        spaces = (envs.single_observation_space, envs.single_action_space)
+        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes)
+        run = Run(args, learner, env_fn, spaces, play, cleanup)
+        step, act_key = run.step, jax.device_put(learner.key, learner.actor)  # the policy's inputs live where it runs
+        envs.action_space.seed(args.seed + step)
+        obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
+        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
+        while step < args.total_timesteps and not run.stopped:
+            # ACT: uniformly random actions until learning starts, then samples of the policy
+            if step < args.learning_starts:
+                action = from_env_action(envs.action_space.sample(), low, high)
+            else:
+                action = np.asarray(act(learner.actor_params, obs, act_key, np.int32(step), deterministic=False))
+            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
+
+            # STORE: the row leads to the real final observation; only termination ends the return
+            reached = real_next_obs(next_obs, terminated | truncated, info)
+            replay.add(dict(zip(ROW, (obs, action, reward, reached, args.gamma * (1.0 - terminated)))))
+            obs, step = next_obs, step + args.num_envs
+
+            # LEARN: one SGD step per --train-frequency env steps, K fused per call
+            sgd_due = (step - args.learning_starts) // args.train_frequency
+            while not run.stopped and sgd_due - learner.sgd_steps >= args.updates_per_call:
+                if not learner.step(step):  # the replay holds fewer than B rows
+                    break
+
+            run.log(step, reward, terminated | truncated, {})
+            run.evaluate(step)
+            run.checkpoint(step)
+        return run.finish(step)
+
+
+def sgd_budget(args: Args) -> int:
+    """SGD steps in the whole run: one per --train-frequency env steps after --learning-starts."""
+    return max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+
+
+# ================================================================================================ THE SEAM
+# Above, the algorithm; below, the run harness: envs, files, checkpoints and resume, logging, signals, the CLI.
 
 
 # ------------------------------------------------------------------------------------- ENVIRONMENTS
@@ -666,8 +857,10 @@ def check_args(args: Args) -> Args:
 # ------------------------------------------------------------------------------------------ LOGGING
 
 
+# >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
-    """Tensorboard events on this thread (docs/benchmarks.md), eval.csv, with --track W&B (id: the folder's name)."""
+    """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
+    docs/benchmarks.md), eval.csv, and with --track W&B, its run id the folder's name so that a resume continues it."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -678,11 +871,10 @@ class Logger:
             import wandb
 
             name = os.path.basename(os.path.abspath(run_dir))
-            run = dict(name=name, id=re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:], dir=run_dir, resume="allow")
+            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
+            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
             try:
-                self.wandb = wandb.init(
-                    project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args), **run
-                )
+                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
             except wandb.errors.Error as e:
                 raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
             self.wandb.define_metric("*", step_metric="global_step")
@@ -712,6 +904,9 @@ class Logger:
         if self.wandb is not None and video and os.path.isfile(video):
             self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
+    def flush(self) -> None:
+        self.file.flush()
+
     def close(self) -> None:
         self.file.close()
         if self.wandb is not None:
@@ -720,13 +915,15 @@ class Logger:
 
 
 def open_run_dir(args: Args) -> str:
-    """A new or empty folder, or a resumed run's own (its temp files go); none that holds a symlink."""
+    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
+    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
     default = f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
     run_dir = args.resume or args.run_dir or default
+    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
     try:
-        os.makedirs(run_dir, exist_ok=True)  # a file there raises FileExistsError
+        os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"--run-dir {run_dir} is not a folder and cannot be made ({e.strerror})") from None
+        raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
@@ -739,208 +936,155 @@ def open_run_dir(args: Args) -> str:
     return run_dir
 
 
-def sample_batches(replay: PrioritizedReplay, args: Args, sharding):
-    """On the prefetch thread: (batches[K, B, ...] on the device(s), slot indexes, write counts)."""
-    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
-    return jax.device_put(batch, sharding), indexes, stamps
+# --------------------------------------------------------------------------------------------- RUN
 
 
-def write_priorities(replay: PrioritizedReplay, prioritized: bool, indexes, stamps, priorities, first_step: int):
-    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
-    priorities = np.asarray(priorities, np.float64)
-    finite = np.isfinite(priorities).all(axis=1)
-    if not finite.all():
-        step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
-    if prioritized:  # with alpha = 0 a write changes nothing
-        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
+Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "learn"])  # the learner's counters
+
+
+class Run:
+    """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
+    bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
+    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
+
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
+        self.args, self.learner, self.play = args, learner, play
+        self.dir, self.step, self.episodes, self.missed = open_run_dir(args), 0, 0, False
+        video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
+        try:  # called as the evaluations will call it: a bad factory fails before the first env step
+            with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
+                same = (probe.single_observation_space, probe.single_action_space) == spaces
+                require(same, "the evaluation envs' spaces differ from the training envs'")
+        except TypeError as e:
+            raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
+        if args.resume:
+            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, args.total_timesteps)
+        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
+        resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
+        self.logger = Logger(self.dir, args, resumed_at)
+        cleanup.callback(self.logger.close)
+        self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
+        write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
+        progress = tqdm.tqdm(total=args.total_timesteps, initial=self.step, unit="step", disable=None)
+        self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+        every = (args.log_every, args.eval_every, args.checkpoint_every)
+        self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.step, n) for n in every)
+        self.saved_step = self.step if args.resume else None
+        self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.tick = Tick(time.perf_counter(), self.step, learner.sgd_steps, 0.0, 0.0)
+
+    def on_signal(self, signum, frame):
+        if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
+            raise KeyboardInterrupt
+        self.stopped.append(signum)
+
+    def log(self, step: int, reward, done, scalars: dict) -> None:
+        """Each episode's return and length as it ends; every --log-every steps the rates and the learner's own."""
+        self.returns += reward
+        self.lengths += 1
+        for i in np.flatnonzero(done):
+            self.episodes += 1
+            episode = {"charts/episodic_return": self.returns[i], "charts/episodic_length": self.lengths[i]}
+            self.logger.scalars(step, episode)
+            self.returns[i], self.lengths[i] = 0.0, 0
+        if step < self.next_log:
+            return
+        last, learner = self.tick, self.learner
+        self.tick = Tick(time.perf_counter(), step, learner.sgd_steps, learner.wait_seconds, learner.learn_seconds)
+        self.next_log, seconds = next_multiple(step, self.args.log_every), self.tick.time - last.time
+        sps = (step - last.step) / seconds
+        scalars = {"charts/SPS": sps, **scalars, **learner.scalars(step)}
+        scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
+        if self.tick.learn > last.learn:
+            scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
+        self.logger.scalars(step, scalars)
+        self.logger.flush()
+        line = f"SPS {sps:7.0f}  {learner.progress()}  episodes {self.episodes}  eval {self.last_eval}"
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix_str(line, refresh=False)
+        final = step >= self.args.total_timesteps
+        if self.bar.disable and (step % (10 * self.args.log_every) < self.args.num_envs or final):
+            print(f"step {step:>8d}  {line}", flush=True)
+
+    def evaluate(self, step: int) -> None:
+        """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
+        if self.missed or self.next_eval <= step < self.args.total_timesteps:
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
+
+    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
+        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
+        if returns is not None:
+            self.logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+        self.missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+        return returns
+
+    def checkpoint(self, step: int, due: bool = False) -> None:
+        """Every --checkpoint-every steps (or now, if due): the learner's state, the replay and the counters."""
+        if step < self.next_checkpoint and not due:
+            return
+        self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
+        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.missed}
+        save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
+        self.saved_step = step
+
+    def finish(self, step: int) -> dict:
+        """The last checkpoint, the model, the final evaluation; after a signal, how to resume (a Ctrl-C then
+        raises KeyboardInterrupt, so that a caller's loop over seeds stops too)."""
+        if self.saved_step != step:
+            self.checkpoint(step, due=True)
+        self.bar.update(step - self.bar.n)  # the steps after the last log tick
+        self.bar.close()  # before anything else prints
+        if not self.stopped:
+            params = tree_arrays("params/", self.learner.policy_params())
+            save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
+            returns = self.evaluation(step, "final")
+        summary = {"run_dir": self.dir, "global_step": step}
+        if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
+            print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)
+            if self.stopped[0] == signal.SIGINT:
+                raise KeyboardInterrupt
+            return {**summary, "signal": self.stopped[0]}
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {self.dir}", flush=True)
+        return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": self.learner.sgd_steps}
+
+
+def load_checkpoint(run_dir: str, learner: Learner, total: int):
+    """(global step, episodes, whether an evaluation was cut short); loads the learner's state and replay."""
+    path = os.path.join(run_dir, "checkpoint.npz")
+    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
+    meta, arrays = load_npz(path, "checkpoint")
+    step, episodes = meta.get("global_step"), meta.get("episodes")
+    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    learner.load_state_dict(arrays, path)
+    require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
+    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
+    note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
+    rows = len(learner.replay)
+    print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
+    return step, episodes, meta.get("eval_missed") is True
 
 
 def next_multiple(step: int, every: int):
     return (step // every + 1) * every if every else float("inf")
 
 
-# -------------------------------------------------------------------------------------------- TRAIN
-
-
-def train(args: Args, env_fn=None) -> dict:
-    """Train with Args as parse_args gives them; env_fn(num_envs, video=None) builds the envs (make_env)."""
-    args = check_args(args)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
-    shardings = learner_shardings(args)
-    env_fn = env_fn or functools.partial(make_env, args.env_id)
-    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
-        mode = envs.metadata.get("autoreset_mode")
-        require(mode == gym.vector.AutoresetMode.SAME_STEP, f"the env factory must set SAME_STEP autoreset, not {mode}")
-        check_spaces(envs, args.env_id)
-        require(envs.num_envs == args.num_envs, f"the env factory made {envs.num_envs} envs, not {args.num_envs}")
-        obs_dim, action_dim = envs.single_observation_space.shape[0], int(np.prod(envs.single_action_space.shape))
-        low, high = envs.single_action_space.low, envs.single_action_space.high
-        nets = make_nets(args, action_dim)
-        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
-        row_bytes = (2 * obs_dim + action_dim + 3) * 4 + 48  # + priorities, write counts, cpprb's trees
-        require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
-        shapes = jax.eval_shape(functools.partial(init_train_state, nets, args, obs_dim, action_dim), init_key)
-        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(2 * state_bytes + batches, "the networks, their copies and the batches in flight", True)
-        state = init_train_state(nets, args, obs_dim, action_dim, init_key)
-        alpha = args.per_alpha if args.prioritized else 0.0
-        replay = PrioritizedReplay(args.buffer_size, obs_dim, action_dim, alpha, args.per_eps)
-        act, update = make_act(nets.actor), make_update(nets, args, action_dim)
-        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
-        if args.resume:
-            state, key, step, episodes, redo = load_checkpoint(run_dir, state, replay, args.total_timesteps)
-        state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-        # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
-        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        cleanup.callback(logger.close)
-        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
-        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
-        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
-        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
-        cleanup.callback(sampler.shutdown, cancel_futures=True)
-        ahead, writes, stopped = collections.deque(), collections.deque(), []
-
-        def on_signal(signum, frame):  # the loop stops between steps (an evaluation at once) and checkpoints
-            if stopped and signum == signal.SIGINT:  # a second Ctrl-C interrupts at once (`timeout` sends TERM twice)
-                raise KeyboardInterrupt
-            stopped.append(signum)
-
-        for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, on_signal))
-        metrics, last_eval = {}, "-"
-        ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        actor = actor_device(shardings.replicated.mesh.devices.flat)
-        sgd_done, act_params = int(state.sgd_steps), actor_copy(state.actor_params, actor)  # a resume: no lag yet
-        act_key = jax.device_put(key, actor)  # the policy's inputs live where it runs: no transfer per step
-        next_log, next_eval, next_ckpt = (
-            next_multiple(step, n) for n in (args.log_every, args.eval_every, args.checkpoint_every)
+# <<< shared: harness
+def warn(args: Args) -> None:
+    """One line at the start for a run that will not learn."""
+    if sgd_budget(args) < args.updates_per_call:
+        least = args.learning_starts + args.updates_per_call * args.train_frequency
+        print(
+            f"warning: no SGD step in this run (learning starts at {args.learning_starts}): "
+            f"give --total-timesteps {least}",
+            file=sys.stderr,
         )
-        saved_step = step if args.resume else None
-        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
-
-        def checkpoint():
-            nonlocal saved_step
-            while writes:
-                writes.popleft().result()  # the priorities of every update so far are in the replay
-            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
-            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
-            saved_step = step
-
-        def evaluation(prefix: str):
-            nonlocal missed
-            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-            params = actor_copy(state.actor_params, actor)  # the current params, not the lagging actor's
-            returns = evaluate(act, params, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
-            if returns is not None:
-                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
-            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
-            return returns
-
-        envs.action_space.seed(args.seed + step)
-        obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
-        if redo:  # the evaluation a signal cut short
-            evaluation("eval")
-        while step < args.total_timesteps and not stopped:
-            # ACT: uniformly random actions until learning starts, then samples of the policy
-            if step < args.learning_starts:
-                action = from_env_action(envs.action_space.sample(), low, high)
-            else:
-                action = np.asarray(act(act_params, obs, act_key, np.int32(step), deterministic=False))
-            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, low, high))
-            done = terminated | truncated
-
-            # STORE: the row leads to the real final observation; only termination ends the return
-            discount = args.gamma * (1.0 - terminated)
-            replay.add(dict(zip(ROW, (obs, action, reward, real_next_obs(next_obs, done, info), discount))))
-            obs, step = next_obs, step + args.num_envs
-            ep_return += reward
-            ep_length += 1
-            for i in np.flatnonzero(done):
-                episodes += 1
-                logger.scalars(step, {"charts/episodic_return": ep_return[i], "charts/episodic_length": ep_length[i]})
-                ep_return[i], ep_length[i] = 0.0, 0
-
-            # LEARN: one SGD step per train_frequency env steps, K fused per call, batches prefetched
-            sgd_due = (step - args.learning_starts) // args.train_frequency
-            while not stopped and sgd_due - sgd_done >= args.updates_per_call:
-                replay.beta = 1.0 + (args.per_beta0 - 1.0) * max(0.0, 1.0 - step / args.total_timesteps)
-                replay.flush()
-                if replay.buffer.get_stored_size() < args.batch_size:  # a resumed replay's rows may be fewer
-                    break
-                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
-                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))
-                t0 = time.perf_counter()
-                batches, indexes, stamps = ahead.popleft().result()
-                tick["wait"] += time.perf_counter() - t0
-                act_params = actor_copy(state.actor_params, actor)  # call i-1's params act while call i runs
-                state, metrics, priorities = update(state, batches, key)
-                write = (replay, args.prioritized, indexes, stamps, priorities, sgd_done)
-                writes.append(writer.submit(write_priorities, *write))
-                while writes and writes[0].done():
-                    writes.popleft().result()  # raises the writer's error, e.g. divergence
-                tick["learn"] += time.perf_counter() - t0
-                sgd_done += args.updates_per_call
-
-            if step >= next_log:
-                next_log, last = next_multiple(step, args.log_every), tick
-                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-                sps = (step - last["step"]) / (tick["time"] - last["time"])
-                scalars = {"charts/SPS": sps, "replay/beta": replay.beta}
-                with replay.lock:  # cpprb is not thread-safe
-                    scalars["replay/priority_max"] = replay.buffer.get_max_priority()
-                scalars["perf/updates_per_second"] = (sgd_done - last["sgd"]) / (tick["time"] - last["time"])
-                if last["learn"]:
-                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
-                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
-                logger.file.flush()
-                q_loss, alpha = (float(metrics.get(k, float("nan"))) for k in ("losses/qf_loss", "losses/alpha"))
-                line = f"SPS {sps:6.0f}  qf_loss {q_loss:.3f}  alpha {alpha:.3f}  episodes {episodes}  eval {last_eval}"
-                bar.update(step - bar.n)
-                bar.set_postfix_str(line, refresh=False)
-                if bar.disable and (step % (10 * args.log_every) < args.num_envs or step >= args.total_timesteps):
-                    print(f"step {step:>8d}  {line}", flush=True)
-            if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
-                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
-                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            if step >= next_ckpt:
-                next_ckpt = next_multiple(step, args.checkpoint_every)
-                checkpoint()
-        if saved_step != step:
-            checkpoint()
-        bar.update(step - bar.n)  # the steps after the last log tick
-        bar.close()  # before anything else prints
-        if not stopped:
-            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.actor_params))
-            returns = evaluation("final")
-        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
-            print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
-            return {"run_dir": run_dir, "global_step": step, "signal": stopped[0]}
-        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {"run_dir": run_dir, "global_step": step, "eval_mean": float(returns.mean()), "sgd_steps": sgd_done}
-
-
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, total: int):
-    """(state, key, step, episodes, whether an evaluation was cut short) of RUN_DIR/checkpoint.npz, + replay."""
-    path = os.path.join(run_dir, "checkpoint.npz")
-    require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
-    meta, arrays = load_npz(path, "checkpoint")
-    state = restore_tree(state, arrays, "train_state/", path)
-    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
-    step, episodes = meta.get("global_step"), meta.get("episodes")
-    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
-    require(0 <= int(state.sgd_steps) <= step, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path)
-    was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = f"; the schedules now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
-    rows = replay.buffer.get_stored_size()
-    print(f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {rows} rows in the replay){note}")
-    return state, key, step, episodes, meta.get("eval_missed") is True
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -983,6 +1127,8 @@ def cli(argv=None) -> int:
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # train() checkpointed first and said how to resume (a second Ctrl-C: at once)
+        return 128 + signal.SIGINT
     return 128 + result["signal"] if "signal" in result else 0
 
 

@@ -65,7 +65,7 @@ def learner(mod, name: str, num_devices: int):
         )
         nets = mod.make_nets(args, 1)
         state = mod.init_train_state(nets, args, 3, 1, jax.random.PRNGKey(0))
-        update = mod.make_update(nets, args, 1)
+        update = mod.make_update(nets, args, 1, mod.learner_shardings(args))
         key = jax.random.PRNGKey(5)
         return (lambda s, b: update(s, b, key)), state, mod.learner_shardings(args)
     args = mod.Args(batch_size=B, updates_per_call=K, hidden_sizes=(32, 32), loss="nll", num_devices=num_devices)
@@ -80,9 +80,11 @@ def learner(mod, name: str, num_devices: int):
 
 def sample_batches(mod, name: str, replay, sharding=None):
     """One call's batches as the prefetch thread makes them (B and K from the script's Args)."""
+    args = mod.Args(batch_size=B, updates_per_call=K, num_devices=len(sharding.device_set) if sharding else 1)
     if name == "dqn_prioritized":  # its Learner's sample, on the devices of `sharding`
-        args = mod.Args(batch_size=B, updates_per_call=K, num_devices=len(sharding.device_set) if sharding else 1)
         return mod.Learner(args, mod.QNetwork(2, (4,)), replay, (3,)).sample(0.4)
+    if name == "sac":
+        return mod.Learner(args, mod.make_nets(args, 1), replay, 3, 1).sample(0.4)
     return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
 
 

@@ -13,15 +13,22 @@ import numpy as np
 import pytest
 from helpers import load_script, load_tool
 
-dqn = load_script("dqn_prioritized")
+dqn, sac = load_script("dqn_prioritized"), load_script("sac")
 SMALL = dict(hidden_sizes=(16,), learning_starts=200, batch_size=32, buffer_size=2000, updates_per_call=4)
 SMALL.update(eval_episodes=2, eval_every=400, log_every=200, total_timesteps=800)
 
 
-def cartpole(num_envs, video=None):
-    """A custom env factory as the docstring shows it."""
+def vector_env(env_id, num_envs, video=None):
+    """A custom env factory as the docstrings show it."""
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    return gym.make_vec("CartPole-v1", num_envs, vectorization_mode="sync", vector_kwargs=same_step)
+    return gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=same_step)
+
+
+def cartpole(num_envs, video=None):
+    return vector_env("CartPole-v1", num_envs)
+
+
+SCRIPTS = {"dqn": (dqn, "CartPole-v1"), "sac": (sac, "Pendulum-v1")}
 
 
 class Counting(gym.vector.VectorWrapper):
@@ -36,39 +43,47 @@ class Counting(gym.vector.VectorWrapper):
         return super().step(actions)
 
 
-def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_interrupt(tmp_path, capsys):
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_interrupt(name, tmp_path, capsys):
     """A loop over seeds stops at the Ctrl-C (train() used to return, and the next seed ran all its steps)."""
+    script, env_id = SCRIPTS[name]
     Counting.steps, Counting.interrupt_at = 0, 300
     ran = []
     with pytest.raises(KeyboardInterrupt):
         for seed in (1, 2):
             ran.append(seed)
-            dqn.train(
-                dqn.Args(seed=seed, run_dir=str(tmp_path / f"seed{seed}"), **SMALL),
-                lambda n, video=None: Counting(cartpole(n)),
+            script.train(
+                script.Args(env_id=env_id, seed=seed, run_dir=str(tmp_path / f"seed{seed}"), **SMALL),
+                lambda n, video=None: Counting(vector_env(env_id, n)),
             )
     assert ran == [1]
-    meta, _ = dqn.load_npz(str(tmp_path / "seed1"), "checkpoint")
+    meta, _ = script.load_npz(str(tmp_path / "seed1"), "checkpoint")
     assert meta["global_step"] == 300  # checkpointed where it stopped
     assert f"continue with --resume {tmp_path / 'seed1'}" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
 
 
-def test_an_env_factory_without_the_video_argument_fails_before_the_first_env_step(tmp_path):
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_an_env_factory_without_the_video_argument_fails_before_the_first_env_step(name, tmp_path):
     """The evaluations call env_fn(n, video=...): train() calls it so once at the start (it used to
     fail at the first evaluation, after every step until then, with no checkpoint)."""
+    script, env_id = SCRIPTS[name]
     Counting.steps, Counting.interrupt_at = 0, None
-    with pytest.raises(dqn.ConfigError, match="env_fn\\(num_envs, video=...\\) failed: .*video"):
-        dqn.train(dqn.Args(run_dir=str(tmp_path / "run"), **SMALL), lambda n: Counting(cartpole(n)))
+    with pytest.raises(script.ConfigError, match="env_fn\\(num_envs, video=...\\) failed: .*video"):
+        args = script.Args(env_id=env_id, run_dir=str(tmp_path / "run"), **SMALL)
+        script.train(args, lambda n: Counting(vector_env(env_id, n)))
     assert Counting.steps == 0
 
 
-def test_train_leaves_jax_settings_as_it_found_them(tmp_path):
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_train_leaves_jax_settings_as_it_found_them(name, tmp_path):
+    script, env_id = SCRIPTS[name]
     before = jax.config.read("jax_cpu_enable_async_dispatch")
     try:
         for value in (True, False):
             jax.config.update("jax_cpu_enable_async_dispatch", value)
-            dqn.train(dqn.Args(run_dir=str(tmp_path / str(value)), **SMALL), cartpole)
+            args = script.Args(env_id=env_id, run_dir=str(tmp_path / str(value)), **SMALL)
+            script.train(args, lambda n, video=None: vector_env(env_id, n))
             assert jax.config.read("jax_cpu_enable_async_dispatch") is value
     finally:
         jax.config.update("jax_cpu_enable_async_dispatch", before)
@@ -98,13 +113,24 @@ def test_the_tools_load_the_network_the_script_builds(tmp_path, monkeypatch):
     assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
 
 
-def test_the_docstrings_custom_env_example_runs_and_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_docstrings_custom_env_example_runs_and_resumes(name, tmp_path, monkeypatch):
     """The example in the script's docstring, as written but for a shorter budget."""
-    lines = dqn.__doc__.split("From code")[1].split("\n")[1:]
+    script = SCRIPTS[name][0]
+    lines = script.__doc__.split("From code")[1].split("\n")[1:]
     code = "\n".join(line[2:] for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("  "))])
-    assert 'dqn.train(dqn.parse_args(["--resume"' in code
+    assert ".train(" in code and '.parse_args(["--resume", "runs/mine"' in code
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(__import__("sys").modules, "dqn_prioritized", dqn)
+    monkeypatch.setitem(__import__("sys").modules, script.SCRIPT, script)
     exec(code.replace("20_000", "1_000").replace('"40000"', '"1200"'), {})
-    meta, _ = dqn.load_npz(str(tmp_path / "runs" / "mine"), "checkpoint")
-    assert meta["global_step"] == 1200 and meta["args"]["env_id"] == "Acrobot-v1"
+    meta, _ = script.load_npz(str(tmp_path / "runs" / "mine"), "checkpoint")
+    assert meta["global_step"] == 1200 and meta["args"]["env_id"] in ("Acrobot-v1", "MountainCarContinuous-v0")
+
+
+def test_a_sac_run_that_does_no_sgd_step_says_so_at_the_start(tmp_path, capsys):
+    """python algos/sac.py --total-timesteps 3000 learned nothing (learning starts at 10k) and said only qf_loss nan."""
+    assert sac.cli(["--total-timesteps", "1031", "--learning-starts", "1000", "--run-dir", str(tmp_path / "a")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warned == ["warning: no SGD step in this run (learning starts at 1000): give --total-timesteps 1032"]
+    assert sac.cli(["--total-timesteps", "1032", "--learning-starts", "1000", "--run-dir", str(tmp_path / "b")]) == 0
+    assert "warning:" not in capsys.readouterr().err

@@ -144,7 +144,7 @@ def test_temperature_moves_the_right_way(entropy_high):
     args, nets, state = setup_nets(
         target_entropy_scale=(5.0 if entropy_high else -5.0), updates_per_call=1, policy_frequency=1
     )
-    update = sac.make_update(nets, args, 2)
+    update = sac.make_update(nets, args, 2, sac.learner_shardings(args))
     b = random_batch(np.random.default_rng(2))
     alpha0 = float(jnp.exp(state.log_alpha))
     for _ in range(5):
@@ -155,7 +155,7 @@ def test_temperature_moves_the_right_way(entropy_high):
 
 def test_no_autotune_keeps_alpha_and_delayed_actor_updates():
     args, nets, state = setup_nets(autotune=False, alpha=0.2, policy_frequency=3, updates_per_call=2)
-    update = sac.make_update(nets, args, 2)
+    update = sac.make_update(nets, args, 2, sac.learner_shardings(args))
     rng = np.random.default_rng(3)
     batches = {k: np.stack([random_batch(rng)[k] for _ in range(2)]) for k in random_batch(rng)}
     actor0 = jax.device_get(state.actor_params)
@@ -174,7 +174,7 @@ def test_no_autotune_keeps_alpha_and_delayed_actor_updates():
 
 def test_target_critic_polyak_average():
     args, nets, state = setup_nets(tau=0.1, target_network_frequency=1, updates_per_call=1)
-    update = sac.make_update(nets, args, 2)
+    update = sac.make_update(nets, args, 2, sac.learner_shardings(args))
     old_target = jax.device_get(state.target_critic_params)
     b = random_batch(np.random.default_rng(4))
     new, _, _ = update(state, {k: v[None] for k, v in b.items()}, jax.random.PRNGKey(0))
@@ -261,7 +261,7 @@ def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     assert sac.cli(["--resume", run_dir, "--total-timesteps", "800"]) == 0
     meta2, arrays2 = sac.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 800 and int(arrays2["train_state/sgd_steps"]) == (800 - 256) // 4 * 4
-    assert "; the schedules now run to --total-timesteps 800, not 600" in capsys.readouterr().out
+    assert "; beta and the budget's schedules now run to 800 steps, not 600" in capsys.readouterr().out
     # A saved model is evaluated by tools/sac_evaluate.py.
     evaluate = load_tool("sac_evaluate")
     assert evaluate.main([os.path.join(run_dir, "model.npz"), "--episodes", "2"]) == 0
