@@ -1213,6 +1213,7 @@ class Run:
 
     def on_signal(self, signum, frame):
         if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
+            print(f"a second Ctrl-C: stopped at once; --resume {self.dir} continues from the last checkpoint")
             raise KeyboardInterrupt
         self.stopped.append(signum)
 
@@ -1300,7 +1301,7 @@ def load_checkpoint(run_dir: str, learner: Learner, total: int):
     learner.load_state_dict(arrays, path)
     require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = "" if was in (None, total) else f"; beta and the budget's schedules now run to {total} steps, not {was}"
+    note = "" if was in (None, total) else f"; beta and any schedule over the budget end at {total} steps, not {was}"
     rows = len(learner.replay)
     print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
     return step, episodes, meta.get("eval_missed") is True

@@ -34,12 +34,13 @@ SCRIPTS = {"dqn": (dqn, "CartPole-v1"), "sac": (sac, "Pendulum-v1")}
 class Counting(gym.vector.VectorWrapper):
     """Counts env steps; sends this process SIGINT at step `interrupt_at` (a Ctrl-C while the loop runs)."""
 
-    steps, interrupt_at = 0, None
+    steps, interrupt_at, times = 0, None, 1
 
     def step(self, actions):
         Counting.steps += 1
         if Counting.steps == Counting.interrupt_at:
-            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(Counting.times):
+                os.kill(os.getpid(), signal.SIGINT)
         return super().step(actions)
 
 
@@ -47,7 +48,7 @@ class Counting(gym.vector.VectorWrapper):
 def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_interrupt(name, tmp_path, capsys):
     """A loop over seeds stops at the Ctrl-C (train() used to return, and the next seed ran all its steps)."""
     script, env_id = SCRIPTS[name]
-    Counting.steps, Counting.interrupt_at = 0, 300
+    Counting.steps, Counting.interrupt_at, Counting.times = 0, 300, 1
     ran = []
     with pytest.raises(KeyboardInterrupt):
         for seed in (1, 2):
@@ -61,6 +62,23 @@ def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_inter
     assert meta["global_step"] == 300  # checkpointed where it stopped
     assert f"continue with --resume {tmp_path / 'seed1'}" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_second_ctrl_c_stops_at_once_and_says_where_to_resume_from(name, tmp_path, capsys):
+    script, env_id = SCRIPTS[name]
+    Counting.steps, Counting.interrupt_at, Counting.times = 0, 300, 2
+    run_dir = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        script.train(
+            script.Args(env_id=env_id, run_dir=run_dir, **SMALL), lambda n, video=None: Counting(vector_env(env_id, n))
+        )
+    assert (
+        f"a second Ctrl-C: stopped at once; --resume {run_dir} continues from the last checkpoint"
+        in capsys.readouterr().out
+    )
+    assert not os.path.exists(os.path.join(run_dir, "checkpoint.npz"))  # none yet: at once means at once
+    Counting.times = 1
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
