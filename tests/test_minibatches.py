@@ -13,6 +13,7 @@ wide margin.
 """
 
 import concurrent.futures
+import dataclasses
 
 import numpy as np
 import pytest
@@ -44,6 +45,7 @@ class Replay:
     def call(self, batch_size: int, num_batches: int):
         """(batches[K, B] as numpy, indexes[K * B], stamps or None) from the script's sample_batches."""
         args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)  # as train() calls it
+        args = dataclasses.replace(args, prioritized=True) if self.name != "bc_offline" else args  # SAC's is optional
         if self.name != "bc_offline":  # one learner per shape of call: its train state is not used here
             if getattr(self, "learner", None) is None or self.learner.args != args:
                 self.learner = self.new_learner(args)
