@@ -11,6 +11,9 @@
 #             .venv-cleanrl, built once): results/speed_vs_peers.md; 3 rounds
 #   atari     DQN on pixels: replay memory per transition (compressed at 1M and 100k, naive at 100k)
 #             and --preset atari on ALE/Pong-v5 (30k steps); 2 seeds
+#   atari10m  --preset atari --num-envs 32 on ALE/Pong-v5 and ALE/Breakout-v5 to 10M frames (2.5M agent
+#             steps), seed 1: a GPU or TPU machine (the 1M replay: ~8 GB of RAM); on a TPU v5e about 12 min
+#             a game; in 10-min calls, `timeout -s TERM 540 ./benchmark.sh atari10m` again until both are done
 #   apex      Ape-X on CartPole-v1, 1, 2 and 4 actors, beside dqn_prioritized.py; 3 seeds
 #   minatar   MinAtar's five games (-v0) at 1M steps against the MinAtar paper's DQN: --preset minatar
 #             on all five, the paper's replay (uniform, 1-step) on Asterix and Breakout (2 seeds), then
@@ -31,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"  # the repository root: the paths below start there
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-MODES="quick, full, ablation, speed, atari, apex, minatar, accelerator or summary"
+MODES="quick, full, ablation, speed, atari, atari10m, apex, minatar, accelerator or summary"
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^# PYTHON/p' benchmark.sh | sed 's/^# \{0,1\}//'; }
@@ -53,7 +56,7 @@ while (( $# )); do
   esac
 done
 case "$MODE" in
-  quick|full|ablation|speed|atari|apex|minatar|summary) ;;
+  quick|full|ablation|speed|atari|atari10m|apex|minatar|summary) ;;
   accelerator)
     PARTS="dqn minatar sac bc cleanrl sbx atari cleanrl-atari learning"
     [[ " $PARTS " == *" $PART "* ]] || die "accelerator needs one part of: $PARTS"
@@ -175,6 +178,13 @@ case "$MODE" in
     fi
     seeds atari dqn-preset Pong-v5 $DQN --env-id ALE/Pong-v5 --preset atari --total-timesteps 30000 \
       --learning-starts 10000 --eval-every 30000 --eval-episodes 1 --checkpoint-every 0 --log-every 1000
+    ;;
+  atari10m)
+    NSEEDS=${SEEDS:-1} JOBS=1  # an accelerator takes one process
+    for game in Pong Breakout; do  # a run stopped by SIGTERM checkpoints, and resumes when the mode runs again
+      seeds atari10m preset "$game-v5" $DQN --env-id "ALE/$game-v5" --preset atari --num-envs 32 \
+        --total-timesteps 2500000 --eval-every 2500000 --checkpoint-every 0
+    done
     ;;
   apex)
     NSEEDS=${SEEDS:-3} JOBS=1  # timings: one process tree at a time

@@ -1,0 +1,40 @@
+"""Our Breakout run's training return per 1M frames (250k agent steps) beside Dopamine's per-run curves (results/dopamine/),
+on Dopamine's metric: the mean return of the training episodes ending in each iteration. python FOLDER/plot.py"""
+
+import csv
+import glob
+import os
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+here = os.path.dirname(os.path.abspath(__file__))
+returns = []
+for path in sorted(glob.glob(os.path.join(here, "events.out.tfevents.*"))):
+    events = EventAccumulator(path, size_guidance={"scalars": 0})
+    events.Reload()
+    returns += [(e.step, e.value) for e in events.Scalars("charts/episodic_return")]
+ours = [statistics.mean(v for s, v in returns if i * 250_000 < s <= (i + 1) * 250_000) for i in range(10)]
+runs = {}
+with open(os.path.join(here, "..", "..", "..", "dopamine", "breakout.csv")) as f:
+    for row in csv.DictReader(f):
+        if int(row["iteration"]) < 10:
+            runs.setdefault((row["agent"], row["run"]), []).append(float(row["return"]))
+colours = {"DQN": "tab:blue", "DQN (Adam + MSE in JAX)": "tab:green", "Rainbow": "tab:red"}
+fig, ax = plt.subplots(figsize=(7, 4.5))
+for (agent, run), values in sorted(runs.items()):
+    if agent in colours:
+        ax.plot(range(1, 11), values, color=colours[agent], alpha=0.45, lw=1, label=agent if run == "0" else None)
+ax.plot(range(1, 11), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
+ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title="ALE/Breakout-v5, sticky actions 0.25")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(os.path.join(here, "breakout-vs-dopamine.png"), dpi=110)
+print("ours by million frames:", [round(x, 2) for x in ours])
+for agent in colours:
+    at9 = [v[9] for (a, _), v in runs.items() if a == agent]
+    print(f"{agent} at 9-10M frames: mean {statistics.mean(at9):.1f}, runs {min(at9):.1f} to {max(at9):.1f}")
