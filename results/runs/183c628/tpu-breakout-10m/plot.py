@@ -1,5 +1,6 @@
-"""Our Breakout run's training return per 1M frames (250k agent steps) beside Dopamine's per-run curves (results/dopamine/),
-on Dopamine's metric: the mean return of the training episodes ending in each iteration. python FOLDER/plot.py"""
+"""Our Breakout run's training return per 1M frames (250k agent steps) beside Dopamine's per-run curves
+(results/dopamine/), on Dopamine's metric: the mean return of the training episodes ending in each iteration.
+python FOLDER/plot.py"""
 
 import csv
 import glob
@@ -30,7 +31,11 @@ for (agent, run), values in sorted(runs.items()):
     if agent in colours:
         ax.plot(range(1, 11), values, color=colours[agent], alpha=0.45, lw=1, label=agent if run == "0" else None)
 ax.plot(range(1, 11), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
-ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title="ALE/Breakout-v5, sticky actions 0.25")
+ax.set(
+    xlabel="frames (millions)",
+    ylabel="mean training return in that million frames",
+    title="ALE/Breakout-v5, sticky actions 0.25",
+)
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(os.path.join(here, "breakout-vs-dopamine.png"), dpi=110)
