@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import re
 import signal
 import socket
 import sys
@@ -158,12 +157,6 @@ class Args:
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
-    track: bool = False
-    """log to Weights & Biases too (needs wandb); never read from a run folder"""
-    wandb_project_name: str = "jax-offpolicy-rl"
-    """W&B project"""
-    wandb_entity: Optional[str] = None
-    """W&B team or user"""
 
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
@@ -778,6 +771,8 @@ def tree_arrays(prefix: str, tree) -> dict:
 # <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile, or the command line's), or a ConfigError on the first bad one."""
+    if isinstance(saved, dict):  # flags an earlier version wrote (W&B is tools/wandb_upload.py's now)
+        saved = {k: v for k, v in saved.items() if k not in ("track", "wandb_project_name", "wandb_entity")}
     try:
         text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
         args = pydantic.TypeAdapter(Args).validate_json(text)
@@ -805,18 +800,7 @@ class Logger:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        self.event, self.summary, self.wandb = event_pb2.Event, summary_pb2.Summary, None
-        if args.track:
-            import wandb
-
-            name = os.path.basename(os.path.abspath(run_dir))
-            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
-            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
-            try:
-                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
-            except wandb.errors.Error as e:
-                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
-            self.wandb.define_metric("*", step_metric="global_step")
+        self.event, self.summary = event_pb2.Event, summary_pb2.Summary
         name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
         self.file = open(os.path.join(run_dir, name), "xb")
         self.writer = RecordWriter(self.file)
@@ -833,21 +817,14 @@ class Logger:
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
-        if self.wandb is not None:
-            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray, video: Optional[str] = None) -> None:
+    def eval(self, step: int, returns: np.ndarray) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
         with open(self.csv, "a") as f:
             f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
-        if self.wandb is not None and video and os.path.isfile(video):
-            self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
         self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
 
 
 def open_run_dir(args: Args) -> str:
@@ -864,8 +841,6 @@ def open_run_dir(args: Args) -> str:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
             if folder == run_dir and ".tmp." in name:  # a write a kill cut short (only a resumed folder has any)
                 os.remove(os.path.join(folder, name))
-        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
-            subfolders.remove("wandb")
     return run_dir
 
 
@@ -897,11 +872,10 @@ def next_multiple(step: int, every: int):
 def train(args: Args) -> dict:
     """Train with Args as parse_args gives them (with --resume: the run's flags, merged there); returns a summary."""
     args = args_from_json(dataclasses.asdict(args))  # parse_args's checks, for a caller of train() too
-    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
-        try:
-            getattr(args, flag) and __import__(package)
-        except ImportError:
-            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    try:
+        args.capture_video and __import__("moviepy")
+    except ImportError:
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     env_fn = functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
@@ -994,7 +968,7 @@ def train(args: Args) -> dict:
                 params = jax.device_put(state.params, cpu, may_alias=False)
                 returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, seed, video, stopped)
             if returns is not None:
-                logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+                logger.eval(step, returns)
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
@@ -1160,8 +1134,7 @@ def parse_args(argv=None) -> Args:
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
-    local = {name: getattr(typed, name) for name in ("ray_address", "track", "wandb_project_name", "wandb_entity")}
-    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, ray_address=typed.ray_address)
     confirmed = ":" not in args.env_id or args.env_id == typed.env_id  # "module:Env" imports a module
     require(confirmed, f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm")
     return args

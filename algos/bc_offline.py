@@ -132,12 +132,6 @@ class Args:
     """run folder to continue with its flags; those typed here win (--total-updates re-stretches the schedules)"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
-    track: bool = False
-    """log to Weights & Biases too (needs wandb); never read from a run folder"""
-    wandb_project_name: str = "jax-offpolicy-rl"
-    """W&B project"""
-    wandb_entity: Optional[str] = None
-    """W&B team or user"""
 
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
@@ -673,6 +667,8 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
 
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile), each checked, or one ConfigError naming the first bad one."""
+    if isinstance(saved, dict):  # flags an earlier version wrote (W&B is tools/wandb_upload.py's now)
+        saved = {k: v for k, v in saved.items() if k not in ("track", "wandb_project_name", "wandb_entity")}
     at = f"{where}: " if where else ""
     text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
     try:
@@ -688,11 +684,10 @@ def args_from_json(saved, where: str = "") -> Args:
 
 def check_args(args: Args) -> Args:
     args = args_from_json(dataclasses.asdict(args))
-    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
-        try:
-            getattr(args, flag) and __import__(package)
-        except ImportError:
-            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    try:
+        args.capture_video and __import__("moviepy")
+    except ImportError:
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
     return args
 
 
@@ -700,24 +695,13 @@ def check_args(args: Args) -> Args:
 
 
 class Logger:
-    """Tensorboard events (a file flushed at each log tick), eval.csv, with --track W&B (run id: the folder's)."""
+    """Tensorboard events (a file flushed at each log tick) and eval.csv (W&B: tools/wandb_upload.py)."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        self.event, self.summary, self.wandb = event_pb2.Event, summary_pb2.Summary, None
-        if args.track:
-            import wandb
-
-            name = os.path.basename(os.path.abspath(run_dir))
-            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]  # the folder's: a resume continues the W&B run
-            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
-            try:
-                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
-            except wandb.errors.Error as e:
-                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
-            self.wandb.define_metric("*", step_metric="global_step")
+        self.event, self.summary = event_pb2.Event, summary_pb2.Summary
         name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
         self.file = open(os.path.join(run_dir, name), "xb")
         self.writer = RecordWriter(self.file)
@@ -734,23 +718,16 @@ class Logger:
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
-        if self.wandb is not None:
-            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray, score: float, video: Optional[str] = None) -> None:
+    def eval(self, step: int, returns: np.ndarray, score: float) -> None:
         mean, std = returns.mean(), returns.std()
         tags = {"eval/episodic_return": mean, "eval/episodic_return_std": std, "eval/normalized_score": score}
         self.scalars(step, tags)
         with open(self.csv, "a") as f:
             f.write(f"{step},{mean:.4f},{std:.4f},{len(returns)},{score:.2f}\n")
-        if self.wandb is not None and video and os.path.isfile(video):
-            self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
     def close(self) -> None:
         self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
 
 
 def open_run_dir(args: Args, env_id: str) -> str:
@@ -765,8 +742,6 @@ def open_run_dir(args: Args, env_id: str) -> str:
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
-        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
-            subfolders.remove("wandb")
     for name in (n for n in os.listdir(run_dir) if ".tmp." in n):  # writes a kill cut short (a fresh run: none)
         os.remove(os.path.join(run_dir, name))
     return run_dir
@@ -865,7 +840,7 @@ def train(args: Args) -> dict:
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
-                logger.eval(step, returns, score, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+                logger.eval(step, returns, score)
                 last_eval = f"{returns.mean():.1f} (score {score:.1f})"
             missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
@@ -966,9 +941,8 @@ def parse_args(argv=None) -> Args:
     ours = isinstance(saved, dict) and saved.get("script") == SCRIPT
     require(ours, f"--resume {typed.resume}: not a run of {SCRIPT}.py")
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
-    local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
-    local["dataset"] = typed.dataset or args.dataset  # typed files replace the run's (tyro would append)
-    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
+    dataset = typed.dataset or args.dataset  # typed files replace the run's (tyro would append)
+    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, dataset=dataset)
 
 
 def cli(argv=None) -> int:

@@ -24,7 +24,7 @@ Run (outputs: runs/<env_id>__sac__<seed>__<time>/, arrays and JSON, no pickle; d
   python algos/sac.py                                          # Pendulum-v1, 20k steps
   python algos/sac.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-devices -1
   python algos/sac.py --resume runs/<run>                      # continue from its checkpoint
-  python algos/sac.py --capture-video --track                  # eval videos, Weights & Biases
+  python algos/sac.py --capture-video                          # eval videos in RUN_DIR/videos
   python tools/sac_evaluate.py runs/<run>         # tools/: evaluate a model, write a dataset, plot a run
 From code, on an env of your own (a factory of vector envs in SAME_STEP autoreset mode; `video` films evaluations):
   import gymnasium as gym, sac
@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import re
 import signal
 import sys
 import threading
@@ -152,12 +151,6 @@ class Args:
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
-    track: bool = False
-    """log to Weights & Biases too (needs wandb); never read from a run folder"""
-    wandb_project_name: str = "jax-offpolicy-rl"
-    """W&B project"""
-    wandb_entity: Optional[str] = None
-    """W&B team or user"""
 
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
@@ -829,6 +822,8 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
 
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (maybe hostile) in their types and ranges, or one ConfigError naming the first bad one."""
+    if isinstance(saved, dict):  # flags an earlier version wrote (W&B is tools/wandb_upload.py's now)
+        saved = {k: v for k, v in saved.items() if k not in ("track", "wandb_project_name", "wandb_entity")}
     text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
     prefix = f"{where}: " if where else ""
     try:
@@ -846,11 +841,10 @@ def args_from_json(saved, where: str = "") -> Args:
 
 def check_args(args: Args) -> Args:
     args = args_from_json(dataclasses.asdict(args))
-    for flag, package in (("capture_video", "moviepy"), ("track", "wandb")):
-        try:
-            getattr(args, flag) and __import__(package)
-        except ImportError:
-            raise ConfigError(f"--{flag.replace('_', '-')} needs {package}: pip install {package}") from None
+    try:
+        args.capture_video and __import__("moviepy")
+    except ImportError:
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
     return args
 
 
@@ -860,24 +854,13 @@ def check_args(args: Args) -> Args:
 # >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
     """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
-    docs/benchmarks.md), eval.csv, and with --track W&B, its run id the folder's name so that a resume continues it."""
+    docs/benchmarks.md), and eval.csv. W&B: tools/wandb_upload.py uploads a run folder."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        self.event, self.summary, self.wandb = event_pb2.Event, summary_pb2.Summary, None
-        if args.track:
-            import wandb
-
-            name = os.path.basename(os.path.abspath(run_dir))
-            run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
-            where = dict(project=args.wandb_project_name, entity=args.wandb_entity, dir=run_dir, resume="allow")
-            try:
-                self.wandb = wandb.init(**where, config=dataclasses.asdict(args), name=name, id=run_id)
-            except wandb.errors.Error as e:
-                raise ConfigError(f"--track: {first_line(e)} (or set WANDB_MODE=offline)") from None
-            self.wandb.define_metric("*", step_metric="global_step")
+        self.event, self.summary = event_pb2.Event, summary_pb2.Summary
         name = f"events.out.tfevents.{int(time.time()):010d}.{os.uname().nodename}.{os.getpid()}.{time.time_ns()}"
         self.file = open(os.path.join(run_dir, name), "xb")
         self.writer = RecordWriter(self.file)
@@ -894,24 +877,17 @@ class Logger:
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
-        if self.wandb is not None:
-            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
-    def eval(self, step: int, returns: np.ndarray, video: Optional[str] = None) -> None:
+    def eval(self, step: int, returns: np.ndarray) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
         with open(self.csv, "a") as f:
             f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
-        if self.wandb is not None and video and os.path.isfile(video):
-            self.wandb.log({"videos/eval": __import__("wandb").Video(video, format="mp4"), "global_step": int(step)})
 
     def flush(self) -> None:
         self.file.flush()
 
     def close(self) -> None:
         self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
 
 
 def open_run_dir(args: Args) -> str:
@@ -928,8 +904,6 @@ def open_run_dir(args: Args) -> str:
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
-        if folder == run_dir and "wandb" in subfolders:  # W&B's own files, with its own links inside
-            subfolders.remove("wandb")
     for name in os.listdir(run_dir):
         if ".tmp." in name and args.resume:
             os.remove(os.path.join(run_dir, name))
@@ -1022,7 +996,7 @@ class Run:
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
-            self.logger.eval(step, returns, video and os.path.join(video[0], f"{video[1]}-episode-0.mp4"))
+            self.logger.eval(step, returns)
         self.missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
         return returns
 
@@ -1107,8 +1081,7 @@ def parse_args(argv=None) -> Args:
     ours = isinstance(saved, dict) and saved.get("script") == SCRIPT
     require(ours, f"--resume {typed.resume}: not a run of {SCRIPT}.py")
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
-    local = {name: getattr(typed, name) for name in ("track", "wandb_project_name", "wandb_entity")}
-    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **local)
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume)
     typed_again = ":" not in args.env_id or args.env_id == typed.env_id
     require(typed_again, f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm")
     return args

@@ -69,7 +69,7 @@ def values(name: str, hint, tmp) -> typing.List[typing.List[str]]:
     paths = [[flag, a_file], [flag, "/proc/no/such/place"], [flag, ""]]
     if name == "env_id":
         return [[flag, "NoSuchEnv-v0"], [flag, ""], [flag, "Pendulum-v1"], [flag, "CartPole-v1"]]
-    if name in ("wandb_project_name", "wandb_entity", "ray_address"):
+    if name == "ray_address":
         return [[flag, ""]]
     return paths  # run_dir, resume, dataset
 
@@ -86,7 +86,7 @@ def cases(name, half, tmp):
     mod = load_script(name)
     hints = typing.get_type_hints(mod.Args, include_extras=True)
     for i, field in enumerate(dataclasses.fields(mod.Args)):
-        if field.name in ("track", "capture_video") or i % 2 != half:  # optional packages: their own tests
+        if field.name == "capture_video" or i % 2 != half:  # an optional package: its own tests
             continue
         yield from ((field.name, argv) for argv in values(field.name, hints[field.name], tmp))
 
