@@ -226,7 +226,7 @@ class PrioritizedDataset:
 
 ObsStats = collections.namedtuple("ObsStats", "mean std")  # float32 [obs_dim] each
 TrainState = collections.namedtuple("TrainState", "params opt_state sgd_steps")
-Shardings = collections.namedtuple("Shardings", "replicated batch")  # the state on every device; batches split
+Shardings = collections.namedtuple("Shardings", "replicated split")  # the state on every device; batches split
 
 
 def obs_stats(observations: np.ndarray, normalize: bool) -> ObsStats:
@@ -854,10 +854,10 @@ def train(args: Args) -> dict:
             t0 = time.perf_counter()
             if steps == args.updates_per_call:
                 while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
-                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.batch))
+                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.split))
                 batches, indexes = ahead.popleft().result()
             else:  # the last, shorter call (compiled once more)
-                batches, indexes = sample_batches(replay, args, shardings.batch, steps)
+                batches, indexes = sample_batches(replay, args, shardings.split, steps)
             tick["wait"] += time.perf_counter() - t0
             state, metrics, priorities = update(state, batches)
             writes.append(writer.submit(write_priorities, replay, args.prioritized, indexes, priorities, step))

@@ -229,31 +229,31 @@ class PrioritizedReplay:
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
-        self.stage_rows = min(128, capacity)
-        self.stage = {k: np.zeros((self.stage_rows,) + shape, np.float32) for k, shape in self.spec.items()}
-        self.staged = 0
+        self.staging_size = min(128, capacity)
+        self.staging = {k: np.zeros((self.staging_size,) + shape, np.float32) for k, shape in self.spec.items()}
+        self.staged_rows = 0
         self.rng = np.random.default_rng()  # deals the draws out (cpprb's own draws are not seeded either)
 
     def add(self, rows: dict) -> None:
         done, total = 0, len(rows["action"])
         while done < total:
-            take = min(total - done, self.stage_rows - self.staged)
-            for key, column in self.stage.items():
-                column[self.staged : self.staged + take] = rows[key][done : done + take]
-            self.staged, done = self.staged + take, done + take
-            if self.staged == self.stage_rows:
+            take = min(total - done, self.staging_size - self.staged_rows)
+            for key, column in self.staging.items():
+                column[self.staged_rows : self.staged_rows + take] = rows[key][done : done + take]
+            self.staged_rows, done = self.staged_rows + take, done + take
+            if self.staged_rows == self.staging_size:
                 self.flush()
 
     def flush(self) -> None:
         """New rows enter at p = max_j p_j, so that each is replayed soon."""
-        if not self.staged:
+        if not self.staged_rows:
             return
         with self.lock:
-            slots = (self.buffer.get_next_index() + np.arange(self.staged)) % self.capacity
-            self.buffer.add(**{key: column[: self.staged] for key, column in self.stage.items()})
+            slots = (self.buffer.get_next_index() + np.arange(self.staged_rows)) % self.capacity
+            self.buffer.add(**{key: column[: self.staged_rows] for key, column in self.staging.items()})
             np.add.at(self.write_count, slots, 1)
             self.priority[slots] = self.buffer.get_max_priority()
-        self.staged = 0
+        self.staged_rows = 0
 
     def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0):
         """(batches[K, B, ...] with IS 'weights', slot indexes[K * B], their write counts). PER stratifies each
@@ -264,22 +264,22 @@ class PrioritizedReplay:
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
             if not self.buffer.get_stored_size():
-                raise ValueError(f"sample: no rows in the replay yet ({self.staged} staged: flush() hands them over)")
+                raise ValueError(f"sample: no rows in cpprb yet ({self.staged_rows} staged: flush() hands them over)")
             draw = self.buffer.sample(k * b, beta=beta)  # one beta for the K minibatches
             batch = {key: value[deal].reshape((k, b) + value.shape[1:]) for key, value in draw.items()}  # copies
             indexes = batch.pop("indexes").astype(np.int64).reshape(-1)
-            stamps = self.write_count[indexes]
+            write_counts = self.write_count[indexes]
         for key in ("reward", "discount", "weights"):
             batch[key] = batch[key].reshape(k, b).astype(np.float32)
         batch["weights"] /= batch["weights"].max(axis=1, keepdims=True)  # per minibatch, as Acme, Dopamine
-        return batch, indexes, stamps
+        return batch, indexes, write_counts
 
-    def update_priorities(self, indexes, stamps, priorities) -> int:
+    def update_priorities(self, indexes, write_counts, priorities) -> int:
         """p_i = mean_m |delta_m,i| (+ eps by cpprb) where the slot still holds the sampled row."""
         if not np.all(np.isfinite(priorities) & (priorities >= 0)):  # one NaN poisons every sum in the tree
             raise ValueError("priorities must be finite and >= 0")
         with self.lock:
-            fresh = self.write_count[indexes] == stamps
+            fresh = self.write_count[indexes] == write_counts
             if fresh.any():  # cpprb refuses an empty update
                 self.buffer.update_priorities(indexes[fresh], priorities[fresh])
                 self.priority[indexes[fresh]] = priorities[fresh]
@@ -328,7 +328,7 @@ class PrioritizedReplay:
                 # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
                 self.buffer.update_priorities(np.array([0]), np.array([top]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
-            self.priority[:stored], self.write_count[:], self.staged = prio, 0, 0
+            self.priority[:stored], self.write_count[:], self.staged_rows = prio, 0, 0
 
 
 # ------------------------------------------------------------------------------------------ LEARNER
@@ -435,7 +435,7 @@ def make_update(nets: Nets, args: Args, action_dim: int, shardings: "Shardings")
     return jax.jit(update, donate_argnums=0, in_shardings=(whole, split, whole), out_shardings=(whole, whole, split))
 
 
-Shardings = collections.namedtuple("Shardings", "replicated batch")  # the state: whole on each device; batches: split
+Shardings = collections.namedtuple("Shardings", "replicated split")  # the state: whole on each device; batches: split
 
 
 def learner_shardings(args: Args) -> Shardings:
@@ -485,11 +485,11 @@ class Learner:
         while len(self.batches) <= self.args.prefetch_size:  # prefetch_size calls ahead while this one learns
             self.batches.append(self.sampler.submit(self.sample, beta))
         start = time.perf_counter()
-        batches, indexes, stamps = self.batches.popleft().result()
+        batches, indexes, write_counts = self.batches.popleft().result()
         self.wait_seconds += time.perf_counter() - start
         self.actor_params = actor_copy(self.state.actor_params, self.actor)  # call i-1's params act while i runs
         self.state, self.metrics, priorities = self.update(self.state, batches, self.key)
-        self.writes.append(self.writer.submit(self.write_priorities, indexes, stamps, priorities, self.sgd_steps))
+        self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
             self.writes.popleft().result()  # raises the writer's error, e.g. divergence
         self.sgd_steps += self.args.updates_per_call
@@ -501,10 +501,10 @@ class Learner:
 
     def sample(self, beta: float):
         """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
-        batches, indexes, stamps = self.replay.sample(self.args.batch_size, self.args.updates_per_call, beta)
-        return jax.device_put(batches, self.shardings.batch), indexes, stamps
+        batches, indexes, write_counts = self.replay.sample(self.args.batch_size, self.args.updates_per_call, beta)
+        return jax.device_put(batches, self.shardings.split), indexes, write_counts
 
-    def write_priorities(self, indexes, stamps, priorities, first_step: int) -> None:
+    def write_priorities(self, indexes, write_counts, priorities, first_step: int) -> None:
         """On the writer thread (reading |TD| waits for the call): stop on divergence, else write back."""
         priorities = np.asarray(priorities, np.float64)
         finite = np.isfinite(priorities).all(axis=1)
@@ -512,7 +512,7 @@ class Learner:
             step = first_step + int(np.argmin(finite)) + 1
             raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}")
         if self.args.prioritized:  # with alpha = 0 a write changes nothing
-            self.replay.update_priorities(indexes, stamps, priorities.reshape(-1))
+            self.replay.update_priorities(indexes, write_counts, priorities.reshape(-1))
 
     def scalars(self, step: int) -> dict:
         """What it logs: the last call's losses, beta and the largest priority."""
@@ -923,7 +923,7 @@ class Run:
 
     def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
         self.args, self.learner, self.play = args, learner, play
-        self.dir, self.step, self.episodes, self.missed = open_run_dir(args), 0, 0, False
+        self.dir, self.step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
             with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
@@ -932,7 +932,7 @@ class Run:
         except TypeError as e:
             raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
         if args.resume:
-            self.step, self.episodes, self.missed = load_checkpoint(self.dir, learner, args.total_timesteps)
+            self.step, self.episodes, self.cut_short = load_checkpoint(self.dir, learner, args.total_timesteps)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
         self.logger = Logger(self.dir, args, resumed_at)
@@ -986,7 +986,7 @@ class Run:
 
     def evaluate(self, step: int) -> None:
         """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
-        if self.missed or self.next_eval <= step < self.args.total_timesteps:
+        if self.cut_short or self.next_eval <= step < self.args.total_timesteps:
             self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
@@ -997,7 +997,7 @@ class Run:
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns)
-        self.missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+        self.cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
         return returns
 
     def checkpoint(self, step: int, due: bool = False) -> None:
@@ -1005,7 +1005,7 @@ class Run:
         if step < self.next_checkpoint and not due:
             return
         self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
-        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.missed}
+        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.cut_short}
         save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
         self.saved_step = step
 

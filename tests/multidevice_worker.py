@@ -112,7 +112,7 @@ def update_mode(name: str) -> dict:
         state = jax.device_put(state, shardings.replicated)
         priorities = []
         for batches in host:
-            on_devices = jax.device_put(batches, shardings.batch)
+            on_devices = jax.device_put(batches, shardings.split)
             state, metrics, p = update(state, on_devices)
             priorities.append(np.asarray(p))
         out[n] = (leaves(state), leaves(metrics), np.stack(priorities))
@@ -120,7 +120,7 @@ def update_mode(name: str) -> dict:
     # What the prefetch thread hands over: each device holds its own contiguous half of B, and
     # the rows read back in the order of the sampled indexes (so priorities go back to their slots).
     shardings = learner(mod, name, 2)[2]
-    batches, indexes = sample_batches(mod, name, replay, shardings.batch)[:2]
+    batches, indexes = sample_batches(mod, name, replay, shardings.split)[:2]
     obs = batches["obs"]
     halves = sorted((s.index[1].start or 0, s.data.shape, str(s.device)) for s in obs.addressable_shards)
     report["shards"] = [[start, list(shape)] for start, shape, _ in halves]
@@ -143,7 +143,7 @@ def update_mode(name: str) -> dict:
             errors[json.dumps(args)] = str(e)
     report["errors"] = errors
     report["device_names"] = ", ".join(str(d) for d in jax.local_devices())
-    report["all_devices"] = len(mod.learner_shardings(mod.Args(num_devices=-1)).batch.mesh.devices)
+    report["all_devices"] = len(mod.learner_shardings(mod.Args(num_devices=-1)).split.mesh.devices)
     return report
 
 

@@ -138,7 +138,7 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
     """Episodes of ~1 step (an extra frame each) overwrite frames of rows still in the replay (the
     ring's 10% margin and constant are outrun): a sampled row whose frames were overwritten must
     get IS weight 0 and stamp -1 (so its priority is never written back) and be counted in
-    replay.stale, and every other row must equal the same slot of an uncompressed replay fed the
+    replay.stale_rows, and every other row must equal the same slot of an uncompressed replay fed the
     same stream. Each frame's pixels are unique but the zero frames of a first stack, so a row is stale
     exactly when its decoded pixels differ from the uncompressed row (a row whose only overwritten frame
     is a zero frame would need the last frame written to be a zero frame, and a reset writes its first
@@ -167,24 +167,24 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
     naive.flush()
     truth = naive.buffer.get_all_transitions()
 
-    def check(batch, indexes, stamps):
+    def check(batch, indexes, write_counts):
         """The stale rows of one sample, after checking every row against the truth."""
         batch = {k: v.reshape((len(indexes),) + v.shape[2:]) for k, v in batch.items()}  # [K, B, ...] -> [K * B, ...]
         same = (batch["obs"] == truth["obs"][indexes]).all(axis=(1, 2, 3))
         same &= (batch["next_obs"] == truth["next_obs"][indexes]).all(axis=(1, 2, 3))
-        stale = stamps == -1
+        stale = write_counts == -1
         np.testing.assert_array_equal(stale, ~same)  # stamp -1 exactly where the frames are gone
         assert np.all(batch["weights"][stale] == 0) and np.all(batch["weights"][~stale] > 0)
-        np.testing.assert_array_equal(stamps[~stale], compressed.write_count[indexes[~stale]])
+        np.testing.assert_array_equal(write_counts[~stale], compressed.write_count[indexes[~stale]])
         return stale
 
     stale_seen = 0
     for _ in range(20):
-        batch, indexes, stamps = compressed.sample(256)
-        stale = check(batch, indexes, stamps)
+        batch, indexes, write_counts = compressed.sample(256)
+        stale = check(batch, indexes, write_counts)
         stale_seen += stale.sum()
         assert stale.any() and not stale.all()  # both kinds in each sample
-    assert compressed.stale == stale_seen  # every stale row counted, nothing else
+    assert compressed.stale_rows == stale_seen  # every stale row counted, nothing else
 
     # K minibatches per call, as the learner gets them, with varied priorities: intact rows still
     # match their slots and have weight (p + eps)^(-alpha beta) divided by their minibatch's largest
@@ -192,19 +192,19 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
     # their priority when the learner writes |TD| back.
     prio = rng.uniform(0.1, 3.0, capacity)
     compressed.update_priorities(np.arange(capacity), compressed.write_count.copy(), prio)
-    before = compressed.stale
+    before = compressed.stale_rows
     for _ in range(20):
-        batch, indexes, stamps = compressed.sample(32, 8, beta=0.5)
-        stale = check(batch, indexes, stamps)
+        batch, indexes, write_counts = compressed.sample(32, 8, beta=0.5)
+        stale = check(batch, indexes, write_counts)
         raw = ((prio[indexes] + 1e-6) ** (-0.6 * 0.5)).reshape(8, 32)
         expected = (raw / raw.max(axis=1, keepdims=True)).reshape(-1)
         np.testing.assert_allclose(batch["weights"].reshape(-1)[~stale], expected[~stale], rtol=1e-4)
-        kept = compressed.update_priorities(indexes, stamps, np.full(len(indexes), 77.0))
+        kept = compressed.update_priorities(indexes, write_counts, np.full(len(indexes), 77.0))
         assert kept == (~stale).sum()
         np.testing.assert_array_equal(compressed.priority[indexes[stale]], prio[indexes[stale]])
         assert np.all(compressed.priority[indexes[~stale]] == 77.0)
         prio[indexes[~stale]] = 77.0
-    assert compressed.stale > before
+    assert compressed.stale_rows > before
 
 
 def test_replay_memory_per_transition_is_about_one_frame():

@@ -155,7 +155,7 @@ def test_sample_right_after_add_refuses_in_one_line_until_flush():
     """add() stages rows (128 at a time); sample() draws from what cpprb holds, and says so when that is none."""
     rp = make(capacity=300)
     rp.add(rows(100))
-    with pytest.raises(ValueError, match=r"no rows in the replay yet \(100 staged: flush\(\) hands them over\)"):
+    with pytest.raises(ValueError, match=r"no rows in cpprb yet \(100 staged: flush\(\) hands them over\)"):
         rp.sample(8)
     assert len(rp) == 0
     rp.flush()
@@ -196,7 +196,7 @@ def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
         while len(ahead) < prefetch:
             ahead.append(sampler.submit(learner.sample, 0.4))
         batches, indexes, stamps = ahead.pop(0).result()
-        assert batches["obs"].sharding == learner.shardings.batch  # on the learner's device(s), split along B
+        assert batches["obs"].sharding == learner.shardings.split  # on the learner's device(s), split along B
         obs = np.asarray(batches["obs"])
         assert obs.shape == (k, b, 2) and np.asarray(batches["weights"]).shape == (k, b)
         np.testing.assert_array_equal(obs[..., 0].reshape(-1), indexes)  # rows and indexes together

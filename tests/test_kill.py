@@ -30,6 +30,7 @@ SMALL = [
     str(EVERY),
 ]
 # script: (flags, total, learning_starts, train_frequency, K, n_step)
+# Totals of 6,000: past the last kill (at most 4 x 4 x 250 steps in; the figure's 5 kills: 5 x 4 x 250).
 CONFIGS = {
     "dqn_prioritized": (
         SMALL
@@ -47,9 +48,9 @@ CONFIGS = {
             "--eval-every",
             "1000",
             "--total-timesteps",
-            "20000",
+            "6000",
         ],
-        20_000,
+        6_000,
         200,
         2,
         4,
@@ -83,11 +84,11 @@ CONFIGS = {
             "--eval-every",
             "1000",
             "--total-updates",
-            "12000",
+            "6000",
             "--dataset",
             os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5"),
         ],
-        12_000,
+        6_000,
         0,
         1,
         10,

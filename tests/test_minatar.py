@@ -44,7 +44,7 @@ def test_planes_are_kept_as_they_are(env_id, channels):
     assert space.shape == (10, 10, channels) and obs.dtype == np.bool_ and obs.shape == (2, 10, 10, channels)
     replay, nstep = dqn.make_replay(dqn.Args(buffer_size=1000, batch_size=8), space)
     assert replay.frames is None  # no frame store, no stack: the planes themselves, 1 byte a cell
-    assert replay.stage["obs"].dtype == np.bool_ and replay.stage["obs"].shape[1:] == (10, 10, channels)
+    assert replay.staging["obs"].dtype == np.bool_ and replay.staging["obs"].shape[1:] == (10, 10, channels)
     assert nstep.obs.dtype == np.bool_
 
 

@@ -52,7 +52,7 @@ class Replay:
             out = self.learner.sample(self.beta)
         else:
             self.replay.beta = self.beta
-            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).batch)
+            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).split)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
         return batches, out[1], (out[2] if len(out) == 3 else None)
 
