@@ -172,7 +172,7 @@ class PrioritizedDataset:
     row is overwritten (none goes stale); priority[] mirrors cpprb's for checkpoints. Alpha 0: numpy draws uniformly."""
 
     def __init__(self, obs, actions, alpha: float, eps: float, seed: int = 0):
-        n, self.discrete, self.beta = len(obs), actions.ndim == 1, 0.4
+        n, self.discrete = len(obs), actions.ndim == 1
         self.uniform, self.obs, self.actions, self.rng = alpha == 0, obs, actions, np.random.default_rng(seed)
         spec = {"obs": {"shape": obs.shape[1], "dtype": np.float32}}
         spec["action"] = {"shape": 1 if self.discrete else actions.shape[1], "dtype": actions.dtype}
@@ -181,7 +181,7 @@ class PrioritizedDataset:
         self.priority, self.max_priority = np.ones(n, np.float64), 1.0  # cpprb's max, which only rises
         self.lock = threading.Lock()
 
-    def sample(self, batch_size: int, num_batches: int = 1):
+    def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0):
         """(K minibatches of B rows flat with IS 'weights', row indexes)."""
         if self.uniform:
             indexes = self.rng.integers(0, len(self.obs), batch_size * num_batches)
@@ -192,7 +192,7 @@ class PrioritizedDataset:
         k, b = num_batches, batch_size
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:  # indexing copies: cpprb reuses its arrays
-            draw = self.buffer.sample(k * b, beta=self.beta)  # one beta for the K minibatches
+            draw = self.buffer.sample(k * b, beta=beta)  # one beta for the K minibatches
             batch = {key: value[deal] for key, value in draw.items()}
         if self.discrete:
             batch["action"] = batch["action"].reshape(-1)
@@ -288,6 +288,93 @@ def learner_shardings(args: Args) -> Shardings:
     mesh = jax.sharding.Mesh(np.array(devices[:n]), ("devices",))
     spec = jax.sharding.PartitionSpec
     return Shardings(jax.sharding.NamedSharding(mesh, spec()), jax.sharding.NamedSharding(mesh, spec(None, "devices")))
+
+
+class Learner:
+    """Acme's learner, as DQN's and SAC's: it owns the train state (on the learner's devices), beta's schedule, a
+    prefetch thread that samples K minibatches ahead and puts them on the device(s), and a writer thread that writes
+    each call's losses back as priorities. step() runs one jitted call of K SGD steps (a run's last may be shorter)."""
+
+    def __init__(self, args: Args, policy: Policy, mode: str, stats: ObsStats, replay: PrioritizedDataset):
+        self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
+        optimizer, dummy = make_optimizer(args), jnp.zeros((1, replay.obs.shape[1]))
+        # Refused before allocating: what the RAM or the device's memory (where it reports it) cannot hold.
+        shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(args.seed), dummy)
+        row = replay.obs[0].size + replay.actions[0].size + 1  # floats of a row in a batch, its weight included
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row
+        nbytes = 4 * (5 * sum(x.size for x in jax.tree_util.tree_leaves(shapes)) + batches)  # float32; 5 params' worth
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
+        what = f"the network, its copies and the batches in flight: {nbytes / 2**30:,.1f} GiB"
+        require(nbytes < limit, f"{what}, more than the {limit / 2**30:,.1f} GiB here")
+        params = policy.init(jax.random.PRNGKey(args.seed), dummy)
+        state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+        self.state = jax.device_put(state, self.shardings.replicated)
+        self.update = make_update(policy, mode, optimizer, stats, self.shardings)
+        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
+        self.metrics, self.wait_seconds, self.learn_seconds, self.sgd_steps = {}, 0.0, 0.0, 0
+
+    def step(self) -> None:
+        """One call of K SGD steps on batches sampled ahead (the last call of a run: the steps left, sampled here)."""
+        steps, beta = min(self.args.updates_per_call, self.args.total_updates - self.sgd_steps), self.beta()
+        start = time.perf_counter()
+        if steps == self.args.updates_per_call:
+            while len(self.batches) <= self.args.prefetch_size:  # prefetch_size calls ahead while this one learns
+                self.batches.append(self.sampler.submit(self.sample, beta))
+            batches, indexes = self.batches.popleft().result()
+        else:  # compiled once more, for the shorter call
+            batches, indexes = self.sample(beta, steps)
+        self.wait_seconds += time.perf_counter() - start
+        self.state, self.metrics, priorities = self.update(self.state, batches)
+        self.writes.append(self.writer.submit(self.write_priorities, indexes, priorities, self.sgd_steps))
+        while self.writes and self.writes[0].done():
+            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
+        self.sgd_steps += steps
+        self.learn_seconds += time.perf_counter() - start
+
+    def beta(self) -> float:  # from --per-beta0 to 1 over --total-updates
+        return self.args.per_beta0 + (1.0 - self.args.per_beta0) * self.sgd_steps / self.args.total_updates
+
+    def sample(self, beta: float, num_batches: Optional[int] = None):
+        """On the prefetch thread: (batches [K, B, ...] on the device(s), row indexes)."""
+        k, b = num_batches or self.args.updates_per_call, self.args.batch_size
+        batch, indexes = self.replay.sample(b, k, beta)
+        batch = {key: v.reshape((k, b) + v.shape[1:]) for key, v in batch.items()}
+        return jax.device_put(batch, self.shardings.split), indexes
+
+    def write_priorities(self, indexes, priorities, first_step: int) -> None:
+        """On the writer thread (reading the priorities waits for the call): stop on divergence, else write back."""
+        priorities = np.asarray(priorities, np.float64)
+        finite = np.isfinite(priorities).all(axis=1)
+        if not finite.all():
+            step = first_step + int(np.argmin(finite)) + 1
+            raise RunFailed(f"learner diverged: loss or params not finite at SGD step {step}; lower --learning-rate?")
+        if self.args.prioritized:  # with alpha = 0 a write changes nothing
+            self.replay.update_priorities(indexes, priorities.reshape(-1))
+
+    def scalars(self) -> dict:  # what it logs: the last call's loss, beta and the largest priority
+        scalars = {k: float(v) for k, v in self.metrics.items()}
+        return {**scalars, "replay/beta": self.beta(), "replay/priority_max": self.replay.max_priority}
+
+    def state_dict(self) -> dict:
+        """The train state and the priorities, once those of every call so far are in the dataset."""
+        while self.writes:
+            self.writes.popleft().result()
+        return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
+
+    def load_state_dict(self, arrays: dict, path: str) -> None:
+        """A checkpoint's checked train state (one copy, whatever number of devices wrote it) and priorities."""
+        state = restore_tree(self.state, arrays, "train_state/", path)
+        self.sgd_steps = int(state.sgd_steps)
+        require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
+        self.state = jax.device_put(state, self.shardings.replicated)
+        self.replay.load_state_dict(arrays, path)
+
+    def close(self) -> None:
+        self.sampler.shutdown(cancel_futures=True)
+        self.writer.shutdown()
 
 
 def actor_copy(params, device=None):
@@ -747,25 +834,6 @@ def open_run_dir(args: Args, env_id: str) -> str:
     return run_dir
 
 
-def sample_batches(replay: PrioritizedDataset, args: Args, sharding, num_batches: Optional[int] = None):
-    """On the prefetch thread: (batches[K, B, ...] on the device(s), row indexes)."""
-    k = num_batches or args.updates_per_call
-    batch, indexes = replay.sample(args.batch_size, k)
-    batch = {key: v.reshape((k, args.batch_size) + v.shape[1:]) for key, v in batch.items()}
-    return jax.device_put(batch, sharding), indexes
-
-
-def write_priorities(replay: PrioritizedDataset, prioritized: bool, indexes, priorities, first_step: int):
-    """On the writer thread (reading the priorities waits for the learner): stop on divergence, else write back."""
-    priorities = np.asarray(priorities, np.float64)
-    finite = np.isfinite(priorities).all(axis=1)
-    if not finite.all():
-        step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(f"the learner diverged: loss or params not finite at SGD step {step}; lower --learning-rate?")
-    if prioritized:  # with alpha = 0 a write changes nothing
-        replay.update_priorities(indexes, priorities.reshape(-1))
-
-
 # -------------------------------------------------------------------------------------------- TRAIN
 
 
@@ -776,34 +844,24 @@ def train(args: Args) -> dict:
         require(os.path.isfile(DEFAULT_DATASET), f"{where}: give --dataset PATH (D4RL .hdf5, Minari folder, .npz)")
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
     args = check_args(args)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
-    shardings = learner_shardings(args)
     data = load_training_data(args)
     ds, env_fn = data.dataset, functools.partial(make_env, data.env_id)
     stats = obs_stats(ds.observations, args.normalize_obs)
-    policy, optimizer = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll"), make_optimizer(args)
-    # Refused before allocating: what the RAM or the device's memory (where it reports it) cannot hold.
-    dummy = jnp.zeros((1, ds.observations.shape[1]))
-    shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(args.seed), dummy)
-    row = ds.observations[0].size + ds.actions[0].size + 1  # floats of a row in a batch, its weight included
-    batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row
-    nbytes = 4 * (5 * sum(x.size for x in jax.tree_util.tree_leaves(shapes)) + batches)  # float32; 5 params' worth
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = min(ram, (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", ram))
-    what = f"the network, its copies and the batches in flight: {nbytes / 2**30:,.1f} GiB"
-    require(nbytes < limit, f"{what}, more than the {limit / 2**30:,.1f} GiB here")
-    params = policy.init(jax.random.PRNGKey(args.seed), dummy)
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    policy = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll")
+    act = make_act(policy, data.mode)
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.seed)
-    update, act = make_update(policy, data.mode, optimizer, stats, shardings), make_act(policy, data.mode)
     print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
+        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
+        learner = Learner(args, policy, data.mode, stats, replay)
+        cleanup.callback(learner.close)
         run_dir, redo, missed = open_run_dir(args, data.env_id), False, False
         if args.resume:
-            state, redo = load_checkpoint(run_dir, state, replay, data.digest, args.total_updates)
-        state = jax.device_put(state, shardings.replicated)  # a checkpoint holds one copy, whatever N wrote it
-        step = int(state.sgd_steps)
+            redo = load_checkpoint(run_dir, learner, data.digest, args.total_updates)
+        step = learner.sgd_steps
         replay.rng = np.random.default_rng((args.seed, step))  # a resume draws on, not the first rows again
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_updates else step - 1) if args.resume else None)
@@ -811,32 +869,24 @@ def train(args: Args) -> dict:
         saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_updates, initial=step, unit="update", disable=None))
-        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
-        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        cleanup.callback(sampler.shutdown, cancel_futures=True)
-        ahead, writes, stopped = collections.deque(), collections.deque(), []
+        last_eval, saved_step, stopped = "-", step if args.resume else None, []
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
-        metrics, last_eval = {}, "-"
-        saved_step = step if args.resume else None
-        tick = dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
+        tick = dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)  # the learner's counters at a log
         meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": data.env_id}
         meta.update(mode=data.mode, out_dim=data.out_dim, ref_min=data.ref_min, ref_max=data.ref_max)
         stats_arrays = {"obs_mean": stats.mean, "obs_std": stats.std}
 
         def checkpoint():
             nonlocal saved_step
-            while writes:
-                writes.popleft().result()  # the priorities of every update so far are in the dataset
-            arrays = {**tree_arrays("train_state/", state), **stats_arrays, **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": missed}
-            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            save_npz(f"{run_dir}/checkpoint.npz", {**meta, **counters}, {**learner.state_dict(), **stats_arrays})
             saved_step = step
 
         def evaluation(prefix: str):
             nonlocal last_eval, missed
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
-            params = actor_copy(state.params)
+            params = actor_copy(learner.state.params)
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
@@ -849,31 +899,18 @@ def train(args: Args) -> dict:
             evaluation("eval")
         while step < args.total_updates and not stopped:
             # LEARN: K SGD steps per call on the prefetch thread's minibatches; priorities go back on the writer's.
-            replay.beta = args.per_beta0 + (1.0 - args.per_beta0) * step / args.total_updates  # annealed to 1
-            steps = min(args.updates_per_call, args.total_updates - step)
-            t0 = time.perf_counter()
-            if steps == args.updates_per_call:
-                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
-                    ahead.append(sampler.submit(sample_batches, replay, args, shardings.split))
-                batches, indexes = ahead.popleft().result()
-            else:  # the last, shorter call (compiled once more)
-                batches, indexes = sample_batches(replay, args, shardings.split, steps)
-            tick["wait"] += time.perf_counter() - t0
-            state, metrics, priorities = update(state, batches)
-            writes.append(writer.submit(write_priorities, replay, args.prioritized, indexes, priorities, step))
-            while writes and writes[0].done():
-                writes.popleft().result()  # raises the writer's error, e.g. divergence
-            tick["learn"] += time.perf_counter() - t0
-            before, step = step, step + steps
+            learner.step()
+            before, step = step, learner.sgd_steps
 
             if step // args.log_every > before // args.log_every:
-                last, tick = tick, dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)
+                last = tick
+                tick = dict(time=time.perf_counter(), step=step, wait=learner.wait_seconds, learn=learner.learn_seconds)
                 rate = (step - last["step"]) / (tick["time"] - last["time"])
-                scalars = {"perf/updates_per_second": rate, "perf/learner_wait_fraction": last["wait"] / last["learn"]}
-                scalars.update({"replay/beta": replay.beta, "replay/priority_max": replay.max_priority})
-                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
+                wait = (tick["wait"] - last["wait"]) / (tick["learn"] - last["learn"])
+                scalars = {"perf/updates_per_second": rate, "perf/learner_wait_fraction": wait, **learner.scalars()}
+                logger.scalars(step, scalars)
                 logger.file.flush()
-                line = f"updates/s {rate:7.0f}  loss {float(metrics['losses/bc_loss']):.4f}  eval {last_eval}"
+                line = f"updates/s {rate:7.0f}  loss {float(learner.metrics['losses/bc_loss']):.4f}  eval {last_eval}"
                 bar.update(step - bar.n)
                 bar.set_postfix_str(line, refresh=False)
                 if bar.disable:
@@ -887,7 +924,7 @@ def train(args: Args) -> dict:
         bar.update(step - bar.n)  # the steps after the last log tick
         bar.close()  # before anything else prints
         if not stopped:
-            arrays = {**tree_arrays("params/", state.params), **stats_arrays}
+            arrays = {**tree_arrays("params/", learner.state.params), **stats_arrays}
             save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, arrays)
             returns = evaluation("final")
         if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
@@ -899,19 +936,16 @@ def train(args: Args) -> dict:
         return {"run_dir": run_dir, "updates": step, "eval_mean": float(returns.mean()), "score": score}
 
 
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedDataset, digest: str, total: int):
-    """The train state of RUN_DIR/checkpoint.npz, its priorities loaded into `replay`."""
+def load_checkpoint(run_dir: str, learner: Learner, digest: str, total: int) -> bool:
+    """Loads RUN_DIR/checkpoint.npz's train state and priorities into `learner`; whether an evaluation was cut short."""
     path = os.path.join(run_dir, "checkpoint.npz")
     meta, arrays = load_npz(path, "checkpoint")
     require(meta.get("digest") == digest, f"--resume {run_dir}: the dataset differs from the one this run trained on")
-    state = restore_tree(state, arrays, "train_state/", path)
-    step = int(state.sgd_steps)
-    require(0 <= step < 2**31, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path)
+    learner.load_state_dict(arrays, path)
     was = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
     note = f"; the lr and beta schedules now run to --total-updates {total}, not {was}"
-    print(f"resumed {run_dir} at update {step}{note if was not in (None, total) else ''}")
-    return state, meta.get("eval_missed") is True
+    print(f"resumed {run_dir} at update {learner.sgd_steps}{note if was not in (None, total) else ''}")
+    return meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):

@@ -85,7 +85,8 @@ def sample_batches(mod, name: str, replay, sharding=None):
         return mod.Learner(args, mod.QNetwork(2, (4,)), replay, (3,)).sample(0.4)
     if name == "sac":
         return mod.Learner(args, mod.make_nets(args, 1), replay, 3, 1).sample(0.4)
-    return mod.sample_batches(replay, mod.Args(batch_size=B, updates_per_call=K), sharding)
+    stats = mod.ObsStats(np.zeros(3, np.float32), np.ones(3, np.float32))
+    return mod.Learner(args, mod.Policy(1, (4,), True), "nll", stats, replay).sample(0.4)
 
 
 def command_line(flags: dict) -> list:

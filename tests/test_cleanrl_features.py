@@ -6,12 +6,11 @@ import csv
 import functools
 import glob
 import io
-import json
 import os
 import re
-import struct
 import subprocess
 import sys
+import types
 
 import imageio.v3 as iio
 import jax
@@ -229,38 +228,55 @@ def test_capture_video_without_moviepy_is_one_line_before_training(name, tmp_pat
     assert args.capture_video and not hasattr(args, "track")
 
 
-def wandb_records(path):
-    """The records of an offline run's .wandb file, parsed with wandb's own protobuf. The file is
-    LevelDB's log format (a 7-byte ':W&B' header, then 32 KiB blocks of chunks, each with a
-    7-byte header: crc32, length, type 1 full / 2 first / 3 middle / 4 last); wandb 0.31 ships no
-    Python reader for it (the old wandb.sdk.internal.datastore is gone), so the framing is read here."""
-    from wandb.proto import wandb_internal_pb2
+def test_wandb_upload_sends_the_scalars_flags_and_videos(tmp_path, monkeypatch):
+    """The scripts write no W&B: tools/wandb_upload.py RUN_DIR sends what a run wrote. What it hands wandb's API is
+    read off a stand-in module; then wandb itself takes the same calls in offline mode."""
+    module, fast, _, _ = RUNS["dqn"]
+    run_dir = str(tmp_path / "CartPole-v1__dqn__1__123")
+    assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
+    calls = {"log": []}
 
-    with open(path, "rb") as f:
-        data = f.read()
-    ident, _, version = struct.unpack("<4sHB", data[:7])
-    assert ident == b":W&B" and version == 0
-    block, pos, records, pending = 32768, 7, [], b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:  # zero padding up to the end of the block
-            pos += block - pos % block
-            continue
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
+    class Run:
+        def define_metric(self, name, step_metric):
+            calls["metric"] = (name, step_metric)
 
+        def log(self, row):
+            calls["log"].append(row)
 
-def test_wandb_upload_sends_the_scalars_flags_and_videos_to_an_offline_wandb_run(tmp_path, monkeypatch):
-    """The scripts write no W&B: tools/wandb_upload.py RUN_DIR uploads what a run wrote (here, offline)."""
+        def finish(self):
+            calls["finished"] = True
+
+    class Video:
+        def __init__(self, path, format):
+            self.path, self.format = path, format
+
+    stand_in = types.SimpleNamespace(init=lambda **kwargs: calls.update(init=kwargs) or Run(), Video=Video)
+    upload = load_tool("wandb_upload").upload
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "wandb", stand_in)
+        assert upload(run_dir, "test-project", "me") == "CartPole-v1__dqn__1__123"
+    init, rows = calls["init"], calls["log"]
+    assert (init["project"], init["entity"], init["id"], init["name"]) == (
+        "test-project",
+        "me",
+        "CartPole-v1__dqn__1__123",  # the run folder's name
+        "CartPole-v1__dqn__1__123",
+    )
+    for flag, value in {"env_id": "CartPole-v1", "total_timesteps": 2000, "capture_video": True}.items():
+        assert init["config"][flag] == value, flag  # the flags are the run's config
+    assert calls["metric"] == ("*", "global_step") and calls["finished"]
+    steps = [row["global_step"] for row in rows]
+    assert steps == sorted(set(steps))  # one row per step, in order
+    # The evaluations logged are eval.csv's, at the same global steps; the training scalars too.
+    logged = {row["global_step"]: row["eval/episodic_return"] for row in rows if "eval/episodic_return" in row}
+    expected = read_eval(run_dir)
+    assert sorted(logged) == sorted(expected) == [1000, 2000]
+    for step, mean in expected.items():
+        assert logged[step] == pytest.approx(mean, abs=1e-4)
+    assert any("charts/episodic_return" in row for row in rows) and any("losses/td_loss" in row for row in rows)
+    videos = {row["global_step"]: row["videos/eval"] for row in rows if "videos/eval" in row}
+    assert sorted(videos) == [1000, 2000] and all(v.format == "mp4" and os.path.isfile(v.path) for v in videos.values())
+    # wandb itself, offline, takes those calls and writes its run file into the folder.
     for name, value in {
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
@@ -270,49 +286,9 @@ def test_wandb_upload_sends_the_scalars_flags_and_videos_to_an_offline_wandb_run
         "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
     }.items():
         monkeypatch.setenv(name, value)
-    module, fast, _, _ = RUNS["dqn"]
-    run_dir = str(tmp_path / "CartPole-v1__dqn__1__123")
-    assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
-    assert load_tool("wandb_upload").upload(run_dir, "test-project") == "CartPole-v1__dqn__1__123"
-    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
-    assert len(files) == 1, os.listdir(run_dir)
-    history, config, run_ids = [], {}, []
-    for record in wandb_records(files[0]):
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            row = {}
-            for item in record.history.item:  # a media value comes as nested keys: ("videos/eval", "path"), ...
-                keys = [item.key] if item.key else list(item.nested_key)
-                parent = functools.reduce(lambda d, k: d.setdefault(k, {}), keys[:-1], row)
-                parent[keys[-1]] = json.loads(item.value_json)
-            history.append(row)
-        elif kind in ("run", "config"):
-            updates = record.run.config.update if kind == "run" else record.config.update
-            config.update({item.key: json.loads(item.value_json) for item in updates})
-            if kind == "run":
-                run_ids.append(record.run.run_id)
-    assert run_ids and set(run_ids) == {"CartPole-v1__dqn__1__123"}  # the run folder's name
-    # The flags are the run's config.
-    for flag, value in {
-        "env_id": "CartPole-v1",
-        "total_timesteps": 2000,
-        "capture_video": True,
-        "hidden_sizes": [32, 32],
-    }.items():
-        assert config[flag] == value or config[flag] == {"value": value}, (flag, config[flag])
-    # The evaluations logged are eval.csv's, at the same global steps.
-    logged = {row["global_step"]: row["eval/episodic_return"] for row in history if "eval/episodic_return" in row}
-    expected = read_eval(run_dir)
-    assert sorted(logged) == sorted(expected) == [1000, 2000]
-    for step, mean in expected.items():
-        assert logged[step] == pytest.approx(mean, abs=1e-4)
-    # The training scalars too, and one video per evaluation.
-    assert any("charts/episodic_return" in row for row in history)
-    assert any("losses/td_loss" in row for row in history)
-    videos = {row["global_step"]: row["videos/eval"] for row in history if "videos/eval" in row}
-    assert sorted(videos) == [1000, 2000] and all(v["_type"] == "video-file" for v in videos.values())
-    for video in videos.values():  # the MP4 itself, copied into the W&B run's files
-        assert os.path.getsize(os.path.join(os.path.dirname(files[0]), "files", video["path"])) == video["size"] > 0
+    assert upload(run_dir, "test-project") == "CartPole-v1__dqn__1__123"
+    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-CartPole-v1__dqn__1__123.wandb"))
+    assert len(files) == 1 and os.path.getsize(files[0]) > 0, os.listdir(run_dir)
 
 
 def run_on_a_full_disk(tmp_path, monkeypatch, module):

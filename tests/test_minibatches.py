@@ -2,9 +2,9 @@
 is a proportional (or uniform) sample of the *whole* replay, and the priorities computed for a
 minibatch row land on the slot that row came from.
 
-The batches are taken from what each script's prefetch thread runs (DQN and SAC: their Learner's
-`sample`, BC: `sample_batches`), with rows that carry their slot number in obs[:, 0], and the
-priorities go back through its writer (`write_priorities` on a thread pool, as train() runs it). Weights
+The batches are taken from what each script's prefetch thread runs (its Learner's `sample`), with rows
+that carry their slot number in obs[:, 0], and the priorities go back through its writer
+(`write_priorities` on a thread pool, as train() runs it). Weights
 and priorities are checked against each row's own slot, not only the indexes the script reports.
 cpprb's sampler cannot be seeded, so each statistical threshold sits many standard errors away
 from the value it checks while the sampling bug this guards against (issue 11: one K*B stratified
@@ -45,18 +45,17 @@ class Replay:
     def call(self, batch_size: int, num_batches: int):
         """(batches[K, B] as numpy, indexes[K * B], stamps or None) from the script's sample_batches."""
         args = self.mod.Args(batch_size=batch_size, updates_per_call=num_batches)  # as train() calls it
-        args = dataclasses.replace(args, prioritized=True) if self.name != "bc_offline" else args  # SAC's is optional
-        if self.name != "bc_offline":  # one learner per shape of call: its train state is not used here
-            if getattr(self, "learner", None) is None or self.learner.args != args:
-                self.learner = self.new_learner(args)
-            out = self.learner.sample(self.beta)
-        else:
-            self.replay.beta = self.beta
-            out = self.mod.sample_batches(self.replay, args, self.mod.learner_shardings(args).split)
+        args = dataclasses.replace(args, prioritized=True)  # SAC's and BC's are optional
+        if getattr(self, "learner", None) is None or self.learner.args != args:  # one learner per shape of call
+            self.learner = self.new_learner(args)  # (its train state is not used here)
+        out = self.learner.sample(self.beta)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
         return batches, out[1], (out[2] if len(out) == 3 else None)
 
     def new_learner(self, args):
+        if self.name == "bc_offline":
+            stats = self.mod.ObsStats(np.zeros(2, np.float32), np.ones(2, np.float32))
+            return self.mod.Learner(args, self.mod.Policy(1, (4,), True), "nll", stats, self.replay)
         if self.name == "dqn_prioritized":
             return self.mod.Learner(args, self.mod.QNetwork(1, (4,)), self.replay, (2,))
         return self.mod.Learner(args, self.mod.make_nets(args, 1), self.replay, 2, 1)
@@ -72,10 +71,7 @@ class Replay:
         """priorities[K, B] through the script's writer thread, waited for."""
         rows = (indexes, priorities) if stamps is None else (indexes, stamps, priorities)  # BC's never go stale
         with concurrent.futures.ThreadPoolExecutor(1) as writer:  # write_priorities on a pool, as train() runs it
-            if self.name != "bc_offline":  # the learner of the last call()
-                writer.submit(self.learner.write_priorities, *rows, 0).result()
-            else:
-                writer.submit(self.mod.write_priorities, self.replay, True, *rows, 0).result()
+            writer.submit(self.learner.write_priorities, *rows, 0).result()  # the learner of the last call()
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:

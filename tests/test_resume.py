@@ -98,14 +98,14 @@ def test_bc_runs_every_update_asked_for(tmp_path):
 
 
 def test_bc_first_prefetched_batches_use_the_scheduled_beta(tmp_path, monkeypatch):
-    """The prefetch thread draws before the loop sets beta: it must see --per-beta0 (before:
-    the replay's 0.4, whatever the flag said)."""
+    """The prefetch thread draws before the first call: it must see --per-beta0 (before: the replay's 0.4,
+    whatever the flag said), which the learner's schedule now hands to each draw."""
     seen = []
     real = bc.PrioritizedDataset.sample
 
-    def spy(self, batch_size, num_batches=1):
-        seen.append(self.beta)
-        return real(self, batch_size, num_batches)
+    def spy(self, batch_size, num_batches=1, beta=1.0):
+        seen.append(beta)
+        return real(self, batch_size, num_batches, beta)
 
     monkeypatch.setattr(bc.PrioritizedDataset, "sample", spy)
     data = os.path.join(ROOT, "data", "pendulum-sac-expert.hdf5")
