@@ -281,7 +281,6 @@ class PrioritizedReplay:
         self.lock = threading.Lock()
         self.write_count = np.zeros(capacity, np.int64)
         self.priority = np.zeros(capacity, np.float64)  # cpprb cannot hand its priorities back
-        self.beta = 0.4  # set by the loop; read by whoever samples
 
     def add(self, rows: dict, priorities: np.ndarray) -> None:
         """Insert a chunk at the priorities its actor computed (+ eps, by cpprb)."""
@@ -294,9 +293,8 @@ class PrioritizedReplay:
             np.add.at(self.write_count, slots, 1)
             self.priority[slots] = priorities
 
-    def sample(self, batch_size: int, num_batches: int) -> Tuple[dict, np.ndarray, np.ndarray]:
+    def sample(self, batch_size: int, num_batches: int, beta: float = 1.0) -> Tuple[dict, np.ndarray, np.ndarray]:
         """(num_batches minibatches of B rows flat with IS 'weights', slots, write counts), each its own PER draw."""
-        beta = self.beta
         with self.lock:
             draws = []
             for _ in range(num_batches):
@@ -306,17 +304,17 @@ class PrioritizedReplay:
                 draws.append(draw)
             batch = {k: np.concatenate([d[k] for d in draws]) for k in draws[0]}
             indexes = batch.pop("indexes")
-            stamps = self.write_count[indexes]
+            write_counts = self.write_count[indexes]
         for key in ("action", "reward", "discount"):  # cpprb's [N, 1], dtypes as stored (weights: float32)
             batch[key] = batch[key].reshape(-1)
         weights = batch["weights"].reshape(num_batches, batch_size)  # w_i / max_{j in minibatch} w_j
         batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).reshape(-1)
-        return batch, indexes, stamps
+        return batch, indexes, write_counts
 
-    def update_priorities(self, indexes: np.ndarray, stamps: np.ndarray, priorities: np.ndarray) -> int:
+    def update_priorities(self, indexes: np.ndarray, write_counts: np.ndarray, priorities: np.ndarray) -> int:
         """p_i = |delta_i| (+ eps) where the slot still holds the sampled row; returns the rows kept."""
         with self.lock:
-            fresh = self.write_count[indexes] == stamps
+            fresh = self.write_count[indexes] == write_counts
             if fresh.any():
                 self.buffer.update_priorities(indexes[fresh], priorities[fresh])
                 self.priority[indexes[fresh]] = priorities[fresh]
@@ -432,6 +430,112 @@ def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> Tra
     params = network.init(key, jnp.zeros((1, *obs_shape), jnp.float32))
     target_params = jax.tree_util.tree_map(jnp.copy, params)  # a copy: the update donates its state
     return TrainState(params, target_params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+class Learner:
+    """Acme's learner, as the other scripts': it owns the train state and its PRNG key, the schedules of beta and
+    the learning rate, a prefetch thread that samples K minibatches ahead onto the device, and a writer thread that
+    writes each call's |TD| back as priorities and stores the published parameters in Ray's object store. step()
+    runs one jitted call of K SGD steps; calls_due() says how many the env steps received so far call for."""
+
+    def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
+        self.args, self.replay, self.num_actions = args, replay, network.num_actions
+        optimizer = make_optimizer(args)
+        self.key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, obs_shape), init_key)
+        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+        row_bytes = 2 * int(np.prod(obs_shape)) * np.dtype(replay.spec["obs"][1]).itemsize + 64
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
+        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        self.state = init_train_state(network, optimizer, obs_shape, init_key)
+        unroll = len(obs_shape) == 3 and jax.default_backend() == "cpu"  # XLA's CPU runs convolutions slower in loops
+        self.update = make_update(network.apply, optimizer, args, unroll)
+        self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
+        self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
+        self.metrics, self.wait_seconds, self.learn_seconds, self.sgd_steps = {}, 0.0, 0.0, 0
+        self.sgd_base, self.learn_from = 0, args.learning_starts
+
+    def start(self, step: int) -> None:
+        """At env step `step` (a resume's): a replay with fewer rows than --learning-starts waits for new ones,
+        and the SGD steps it then owes are not caught up."""
+        rows = self.replay.size()
+        if rows < self.args.learning_starts:
+            self.sgd_base, self.learn_from = self.sgd_steps, step + self.args.learning_starts - rows
+
+    def calls_due(self, step: int) -> int:
+        """One SGD step per --train-frequency env steps received, once the replay is ready (0: one call at a time)."""
+        if self.replay.size() < self.args.learning_starts or step < self.learn_from:
+            return 0
+        if self.args.train_frequency == 0:
+            return 1
+        owed = self.sgd_base + (step - self.learn_from) // self.args.train_frequency - self.sgd_steps
+        return max(0, owed) // self.args.updates_per_call
+
+    def step(self, env_step: int) -> None:
+        """K SGD steps in one call on batches sampled ahead, at the schedules' values for `env_step`."""
+        args, lr_end = self.args, 0.0 if self.args.anneal_lr else self.args.learning_rate
+        lr = np.float32(linear_schedule(args.learning_rate, lr_end, args.total_timesteps, env_step))
+        while len(self.batches) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
+            self.batches.append(self.sampler.submit(self.sample, self.beta(env_step)))
+        start = time.perf_counter()
+        batches, indexes, write_counts = self.batches.popleft().result()
+        self.wait_seconds += time.perf_counter() - start
+        self.state, self.metrics, priorities = self.update(self.state, batches, lr)
+        self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
+        while self.writes and self.writes[0].done():
+            self.writes.popleft().result()  # raises the writer's error, e.g. divergence
+        self.sgd_steps += args.updates_per_call
+        self.learn_seconds += time.perf_counter() - start
+
+    def beta(self, env_step: int) -> float:
+        return linear_schedule(self.args.per_beta0, self.args.per_beta1, self.args.total_timesteps, env_step)
+
+    def sample(self, beta: float):
+        """On the prefetch thread: (batches [K, B, ...] on the device, slot indexes, write counts)."""
+        k, b = self.args.updates_per_call, self.args.batch_size
+        batch, indexes, write_counts = self.replay.sample(b, k, beta)
+        return jax.device_put({key: v.reshape((k, b) + v.shape[1:]) for key, v in batch.items()}), indexes, write_counts
+
+    def write_priorities(self, indexes, write_counts, priorities, first_step: int) -> None:
+        """On the writer thread (reading |TD| waits for the call): stop on divergence, else write back."""
+        priorities = np.asarray(priorities, np.float64)
+        finite = np.isfinite(priorities).all(axis=1)
+        if not finite.all():
+            step = first_step + int(np.argmin(finite)) + 1
+            raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}; a lower --learning-rate?")
+        if self.replay.prioritized:  # with alpha = 0 a write changes nothing
+            self.replay.update_priorities(indexes, write_counts, priorities.reshape(-1))
+
+    def publish(self) -> concurrent.futures.Future:
+        """The newest parameters into Ray's object store: copied now (the next update donates the state), stored by
+        the writer thread, so that the loop never waits; the future's result is [their object ref]."""
+        import ray
+
+        copy = jax.tree_util.tree_map(jnp.copy, (self.state.params, self.state.target_params))  # on the device
+        return self.writer.submit(lambda version=self.sgd_steps: [ray.put((version, jax.device_get(copy)))])
+
+    def state_dict(self) -> dict:
+        """The train state, its key and the replay, once the priorities of every call so far are in the replay."""
+        while self.writes:
+            self.writes.popleft().result()
+        return {**tree_arrays("train_state/", self.state), "key": np.asarray(self.key), **self.replay.state_dict()}
+
+    def load_state_dict(self, arrays: dict, path: str) -> None:
+        """A checkpoint's train state, key and replay, each checked."""
+        wanted = tree_arrays("train_state/", self.state)  # each checked, none left over
+        leaves = [jnp.asarray(checked_array(arrays, name, x.shape, x.dtype, path)) for name, x in wanted.items()]
+        extra = next((k for k in sorted(arrays) if k.startswith("train_state/") and k not in wanted), None)
+        require(extra is None, f"{path}: unexpected array {extra} (other --hidden-sizes, --dueling or env?)")
+        self.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.state), leaves)
+        self.key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
+        self.sgd_steps = int(self.state.sgd_steps)
+        require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
+        self.replay.load_state_dict(arrays, path, self.num_actions)
+
+    def close(self) -> None:
+        self.sampler.shutdown(cancel_futures=True)
+        self.writer.shutdown()
 
 
 # ------------------------------------------------------------------------------------------- ACTING
@@ -844,24 +948,6 @@ def open_run_dir(args: Args) -> str:
     return run_dir
 
 
-def sample_batches(replay: PrioritizedReplay, args: Args):
-    """On the prefetch thread: (batches[K, B, ...] on the device, slot indexes, write counts)."""
-    batch, indexes, stamps = replay.sample(args.batch_size, args.updates_per_call)
-    batch = {k: v.reshape((args.updates_per_call, args.batch_size) + v.shape[1:]) for k, v in batch.items()}
-    return jax.device_put(batch), indexes, stamps
-
-
-def write_priorities(replay: PrioritizedReplay, indexes, stamps, priorities, first_step: int):
-    """On the writer thread (reading |TD| waits for the learner): stop on divergence, else write back."""
-    priorities = np.asarray(priorities, np.float64)
-    finite = np.isfinite(priorities).all(axis=1)
-    if not finite.all():
-        step = first_step + int(np.argmin(finite)) + 1
-        raise RunFailed(f"the learner diverged: non-finite TD error at SGD step {step}; a lower --learning-rate?")
-    if replay.prioritized:  # with alpha = 0 a write changes nothing
-        replay.update_priorities(indexes, stamps, priorities.reshape(-1))
-
-
 def next_multiple(step: int, every: int):
     return (step // every + 1) * every if every else float("inf")
 
@@ -882,44 +968,29 @@ def train(args: Args) -> dict:
         with contextlib.closing(env_fn(1)) as probe:
             num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
-        optimizer = make_optimizer(args)
-        key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         row_bytes = 2 * int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize + 64  # + priorities, trees
         require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
-        shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, space.shape), init_key)
-        state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
-        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        alpha = args.per_alpha if args.prioritized else 0.0
+        replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
+        learner = Learner(args, network, replay, space.shape)
+        cleanup.callback(learner.close)
         started_ray = start_ray(args)  # first: a bad address writes nothing, and our signal handlers replace Ray's
         import ray
 
         if started_ray:
             cleanup.callback(ray.shutdown)
-        state = init_train_state(network, optimizer, space.shape, init_key)
-        alpha = args.per_alpha if args.prioritized else 0.0
-        replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
         act = make_act(network.apply, num_actions)
-        unroll = len(space.shape) == 3 and jax.default_backend() == "cpu"  # XLA's CPU runs convolutions slower in loops
-        update = make_update(network.apply, optimizer, args, unroll)
         run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
         if args.resume:
-            state, key, step, episodes, redo = load_checkpoint(
-                run_dir, state, replay, num_actions, args.total_timesteps
-            )
-        sgd_done, rows = int(state.sgd_steps), replay.size()
-        sgd_base, learn_from = 0, args.learning_starts
-        if rows < args.learning_starts:  # a resume with fewer rows waits for new ones, and does not catch up after
-            sgd_base, learn_from = sgd_done, step + args.learning_starts - rows
+            step, episodes, redo = load_checkpoint(run_dir, learner, args.total_timesteps)
+        learner.start(step)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
         cleanup.callback(logger.close)
         saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
-        sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")  # samples ahead, puts batches on the device
-        writer = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1, "priority-writer"))
-        cleanup.callback(sampler.shutdown, cancel_futures=True)
-        ahead, writes, stopped = collections.deque(), collections.deque(), []
+        stopped = []
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
         n, remote = resolved_actors(args), remote_actor_class()
@@ -927,37 +998,18 @@ def train(args: Args) -> dict:
         cleanup.callback(kill_actors, actors)
         info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
         heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
-        metrics, last_eval, lr_end = {}, "-", 0.0 if args.anneal_lr else args.learning_rate
+        last_eval = "-"
         next_log, next_eval, next_ckpt = (
             next_multiple(step, e) for e in (args.log_every, args.eval_every, args.checkpoint_every)
         )
         saved_step = step if args.resume else None
-        tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
+        tick = dict(time=time.perf_counter(), step=step, sgd=learner.sgd_steps, wait=0.0, learn=0.0)
         meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
-
-        def publish():
-            """The newest parameters into Ray's object store, once per round of actor syncs: copied now (the next
-            update donates the state), stored by the writer thread, so that the loop never waits."""
-            nonlocal publishing, published_step
-            copy = jax.tree_util.tree_map(jnp.copy, (state.params, state.target_params))  # on the device: no wait
-            publishing = writer.submit(lambda version=sgd_done: [ray.put((version, jax.device_get(copy)))])
-            published_step = step
-
-        def calls_due() -> int:
-            """One SGD step per --train-frequency env steps received, once the replay is ready."""
-            if replay.size() < args.learning_starts or step < learn_from:
-                return 0
-            if args.train_frequency == 0:
-                return 1
-            return max(0, sgd_base + (step - learn_from) // args.train_frequency - sgd_done) // args.updates_per_call
 
         def checkpoint():
             nonlocal saved_step
-            while writes:
-                writes.popleft().result()  # the priorities of every update so far are in the replay
-            arrays = {**tree_arrays("train_state/", state), "key": np.asarray(key), **replay.state_dict()}
             counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
-            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, arrays)
+            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, learner.state_dict())
             saved_step = step
 
         def evaluation(prefix: str):
@@ -965,7 +1017,7 @@ def train(args: Args) -> dict:
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
             with jax.default_device(cpu):  # the policy and its keys on the host CPU, with the current params
-                params = jax.device_put(state.params, cpu, may_alias=False)
+                params = jax.device_put(learner.state.params, cpu, may_alias=False)
                 returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, seed, video, stopped)
             if returns is not None:
                 logger.eval(step, returns)
@@ -976,8 +1028,7 @@ def train(args: Args) -> dict:
             cpu = jax.devices("cpu")[0]
         except RuntimeError:  # JAX started without the CPU
             cpu = jax.devices()[0]
-        publishing, published_step = None, step
-        publish()
+        publishing, published_step = learner.publish(), step
         published = publishing.result()
         for i, actor in enumerate(actors):
             pending[actor.collect.remote(published)] = i
@@ -988,10 +1039,10 @@ def train(args: Args) -> dict:
             heard = [time.monotonic()] * n
         while step < args.total_timesteps and not stopped:
             # STORE: the chunks arrived (up to 0.1 s wait when nothing is to learn); each actor gets a request first.
-            if step - published_step >= args.param_sync_every * args.num_envs * n:
-                publish()
+            if step - published_step >= args.param_sync_every * args.num_envs * n:  # once per round of actor syncs
+                publishing, published_step = learner.publish(), step
             published = publishing.result() if publishing.done() else published
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.0 if calls_due() else 0.1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.0 if learner.calls_due(step) else 0.1)
             if ready:  # and whatever else is ready by now
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
             for ref in ready:
@@ -1012,7 +1063,7 @@ def train(args: Args) -> dict:
                     write_atomic(os.path.join(run_dir, "actors.json"), lambda f, data=actors_json: f.write(data))
                 replay.add(chunk["transitions"], chunk["priorities"])
                 step += chunk["env_steps"]
-                lag.append(sgd_done - chunk["version"])
+                lag.append(learner.sgd_steps - chunk["version"])
                 for ret, length in chunk["episodes"]:
                     episodes += 1
                     logger.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
@@ -1021,38 +1072,30 @@ def train(args: Args) -> dict:
                 raise RunFailed(f"actor {silent[0]} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
 
             # LEARN: K SGD steps per jitted call on prefetched batches; the writer thread writes the priorities back.
-            for _ in range(calls_due()):
+            for _ in range(learner.calls_due(step)):
                 if stopped:  # a signal: checkpoint now, the backlog waits for the resume
                     break
-                replay.beta = linear_schedule(args.per_beta0, args.per_beta1, args.total_timesteps, step)
-                lr = np.float32(linear_schedule(args.learning_rate, lr_end, args.total_timesteps, step))
-                while len(ahead) <= args.prefetch_size:  # prefetch_size calls ahead while this one learns
-                    ahead.append(sampler.submit(sample_batches, replay, args))
-                t0 = time.perf_counter()
-                batches, indexes, stamps = ahead.popleft().result()
-                tick["wait"] += time.perf_counter() - t0
-                state, metrics, priorities = update(state, batches, lr)
-                writes.append(writer.submit(write_priorities, replay, indexes, stamps, priorities, sgd_done))
-                while writes and writes[0].done():
-                    writes.popleft().result()  # raises the writer's error, e.g. divergence
-                tick["learn"] += time.perf_counter() - t0
-                sgd_done += args.updates_per_call
+                learner.step(step)
 
             if step >= next_log:
                 next_log, last = next_multiple(step, args.log_every), tick
-                tick = dict(time=time.perf_counter(), step=step, sgd=sgd_done, wait=0.0, learn=0.0)
-                sps, sgd = (step - last["step"]) / (tick["time"] - last["time"]), sgd_done - last["sgd"]
-                scalars = {"charts/SPS": sps, "replay/beta": replay.beta, "replay/priority_max": replay.max_priority()}
+                tick = dict(time=time.perf_counter(), step=step, sgd=learner.sgd_steps, wait=learner.wait_seconds)
+                tick["learn"] = learner.learn_seconds
+                sps, sgd = (step - last["step"]) / (tick["time"] - last["time"]), tick["sgd"] - last["sgd"]
+                beta, top = learner.beta(step), replay.max_priority()
+                scalars = {"charts/SPS": sps, "replay/beta": beta, "replay/priority_max": top}
                 scalars["replay/size"], scalars["apex/actor_restarts"] = replay.size(), restarts
                 scalars["perf/updates_per_second"] = sgd / (tick["time"] - last["time"])
                 scalars["perf/replay_ratio"] = sgd * args.batch_size / max(step - last["step"], 1)
                 if lag:
                     scalars["apex/param_lag"], lag = float(np.mean(lag)), []
-                if last["learn"]:
-                    scalars["perf/learner_wait_fraction"] = last["wait"] / last["learn"]
-                logger.scalars(step, {**scalars, **{k: float(v) for k, v in metrics.items()}})
+                if tick["learn"] > last["learn"]:
+                    scalars["perf/learner_wait_fraction"] = (tick["wait"] - last["wait"]) / (
+                        tick["learn"] - last["learn"]
+                    )
+                logger.scalars(step, {**scalars, **{k: float(v) for k, v in learner.metrics.items()}})
                 logger.file.flush()
-                loss = float(metrics.get("losses/td_loss", float("nan")))
+                loss = float(learner.metrics.get("losses/td_loss", float("nan")))
                 line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  restarts {restarts}  eval {last_eval}"
                 bar.update(step - bar.n)
                 bar.set_postfix_str(line, refresh=False)
@@ -1068,9 +1111,9 @@ def train(args: Args) -> dict:
             checkpoint()
         bar.update(step - bar.n)  # the steps after the last log tick
         bar.close()  # before anything else prints
-        summary = {"run_dir": run_dir, "global_step": step, "sgd_steps": sgd_done, "actor_restarts": restarts}
+        summary = {"run_dir": run_dir, "global_step": step, "sgd_steps": learner.sgd_steps, "actor_restarts": restarts}
         if not stopped:
-            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", state.params))
+            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", learner.state.params))
             returns = evaluation("final")
         if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
             print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
@@ -1079,28 +1122,23 @@ def train(args: Args) -> dict:
         return {**summary, "eval_mean": float(returns.mean())}
 
 
-def load_checkpoint(run_dir: str, state: TrainState, replay: PrioritizedReplay, num_actions: int, total: int):
-    """(train state, key, step, episodes, an evaluation cut short?) of RUN_DIR/checkpoint.npz; its replay too."""
+def load_checkpoint(run_dir: str, learner: Learner, total: int):
+    """(step, episodes, an evaluation cut short?) of RUN_DIR/checkpoint.npz; loads the learner's state and replay."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
-    wanted = tree_arrays("train_state/", state)  # each checked, none left over
-    leaves = [jnp.asarray(checked_array(arrays, name, x.shape, x.dtype, path)) for name, x in wanted.items()]
-    extra = next((k for k in sorted(arrays) if k.startswith("train_state/") and k not in wanted), None)
-    require(extra is None, f"{path}: unexpected array {extra} (other --hidden-sizes, --dueling or env?)")
-    state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), leaves)
-    key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
     step, episodes = meta.get("global_step"), meta.get("episodes")
     require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
-    require(0 <= int(state.sgd_steps) < 2**31, f"{path}: train_state/sgd_steps is out of range")
-    replay.load_state_dict(arrays, path, num_actions)
+    learner.load_state_dict(arrays, path)
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
     note = (
         f"; beta and an annealed lr now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
     )
-    line = f"resumed {run_dir} at step {step} ({int(state.sgd_steps)} SGD steps, {replay.size()} rows in the replay)"
-    print(line + note, flush=True)
-    return state, key, step, episodes, meta.get("eval_missed") is True
+    rows = learner.replay.size()
+    print(
+        f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}", flush=True
+    )
+    return step, episodes, meta.get("eval_missed") is True
 
 
 def on_signal(stopped: list, signum, frame):

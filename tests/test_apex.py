@@ -203,8 +203,7 @@ def test_replay_samples_by_the_actors_priorities():
             "discount": np.ones(10, np.float32),
         }
         replay.add(rows, priorities[start : start + 10])
-    replay.beta = beta
-    batch, indexes, _ = replay.sample(32, 10_000)  # enough draws that alpha 0.5 for 0.6 fails too
+    batch, indexes, _ = replay.sample(32, 10_000, beta)  # enough draws that alpha 0.5 for 0.6 fails too
     np.testing.assert_array_equal(batch["obs"][:, 0].astype(np.int64), indexes)
     p = (priorities + eps) ** alpha
     expected = p / p.sum()
@@ -229,9 +228,9 @@ def test_stale_priorities_do_not_land_on_new_rows():
 
     replay.add(rows(0), np.ones(4))
     replay.add(rows(1), np.ones(4))
-    _, indexes, stamps = replay.sample(8, 1)
+    _, indexes, write_counts = replay.sample(8, 1)
     replay.add(rows(2), np.full(4, 5.0))  # overwrites slots 0-3 (FIFO)
-    kept = replay.update_priorities(indexes, stamps, np.full(len(indexes), 9.0))
+    kept = replay.update_priorities(indexes, write_counts, np.full(len(indexes), 9.0))
     assert kept == int((indexes >= 4).sum())
     np.testing.assert_array_equal(replay.priority[:4], 5.0)  # the actor's, not the stale 9
     assert set(replay.priority[4:][np.isin(np.arange(4, 8), indexes)]) <= {9.0}
