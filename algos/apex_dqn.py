@@ -259,11 +259,11 @@ class NStepAssembler:
         self.pending[ended] = 0
         if not envs.size:
             return None
-        first, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # first: the oldest slot
-        rewards = self.reward[(first[:, None] + offsets) % self.n, envs[:, None]]
+        oldest, k, offsets = (self.t - 1 - ages) % self.n, ages + 1, np.arange(self.n)  # each row's oldest slot
+        rewards = self.reward[(oldest[:, None] + offsets) % self.n, envs[:, None]]
         ret = np.where(offsets < k[:, None], rewards * self.powers[: self.n], 0.0).sum(axis=1).astype(np.float32)
         discount = (self.powers[k] * (1.0 - terminated[envs])).astype(np.float32)
-        return dict(zip(ROW, (self.obs[first, envs], self.action[first, envs], ret, next_obs[envs], discount)))
+        return dict(zip(ROW, (self.obs[oldest, envs], self.action[oldest, envs], ret, next_obs[envs], discount)))
 
 
 class PrioritizedReplay:
@@ -576,7 +576,7 @@ class Actor:
         self.epsilon = actor_epsilon(index, num_actors)
         self.envs = make_env(args.env_id, args.num_envs)
         space, num_actions = self.envs.single_observation_space, int(self.envs.single_action_space.n)
-        self.first = int(self.envs.single_action_space.start)  # Discrete(n, start): index i is action first + i
+        self.action_start = int(self.envs.single_action_space.start)  # Discrete(n, start): index i is action start + i
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
         self.act = make_act(network.apply, num_actions)
         self.td = jax.jit(functools.partial(double_q_td, network.apply))
@@ -601,7 +601,7 @@ class Actor:
         parts, rows, episodes = [], 0, []
         while rows < args.chunk_size:
             actions = np.asarray(self.act(online, self.obs, np.float32(self.epsilon), self.key, np.int32(self.steps)))
-            next_obs, reward, terminated, truncated, info = self.envs.step(actions + self.first)
+            next_obs, reward, terminated, truncated, info = self.envs.step(actions + self.action_start)
             done = terminated | truncated
             ends_return = terminated
             if args.terminal_on_life_loss and "lives" in info:  # ALE: a life lost while the game goes on
@@ -709,12 +709,13 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
     with contextlib.closing(env_fn(episodes, video=video)) as envs:
         envs.action_space.seed(seed)
         obs, _ = envs.reset(seed=seed)
-        returns, running, t, first = np.zeros(episodes), np.ones(episodes, bool), 0, int(envs.single_action_space.start)
+        returns, running, t = np.zeros(episodes), np.ones(episodes, bool), 0
+        action_start = int(envs.single_action_space.start)
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
             actions = np.asarray(act(params, obs, np.float32(epsilon), jax.random.PRNGKey(seed), np.int32(t)))
-            obs, reward, terminated, truncated, _ = envs.step(actions + first)
+            obs, reward, terminated, truncated, _ = envs.step(actions + action_start)
             returns += reward * running
             running &= ~(terminated | truncated)
             t += 1
@@ -980,9 +981,9 @@ def train(args: Args) -> dict:
         if started_ray:
             cleanup.callback(ray.shutdown)
         act = make_act(network.apply, num_actions)
-        run_dir, step, episodes, redo = open_run_dir(args), 0, 0, False
+        run_dir, step, episodes, cut_short = open_run_dir(args), 0, 0, False  # an evaluation a signal cut short
         if args.resume:
-            step, episodes, redo = load_checkpoint(run_dir, learner, args.total_timesteps)
+            step, episodes, cut_short = load_checkpoint(run_dir, learner, args.total_timesteps)
         learner.start(step)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
@@ -1004,16 +1005,16 @@ def train(args: Args) -> dict:
         )
         saved_step = step if args.resume else None
         tick = dict(time=time.perf_counter(), step=step, sgd=learner.sgd_steps, wait=0.0, learn=0.0)
-        meta, missed = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}, False
+        meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
 
         def checkpoint():
             nonlocal saved_step
-            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": missed}
+            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": cut_short}
             save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, learner.state_dict())
             saved_step = step
 
         def evaluation(prefix: str):
-            nonlocal missed
+            nonlocal cut_short
             video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
             seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
             with jax.default_device(cpu):  # the policy and its keys on the host CPU, with the current params
@@ -1021,7 +1022,7 @@ def train(args: Args) -> dict:
                 returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, seed, video, stopped)
             if returns is not None:
                 logger.eval(step, returns)
-            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+            cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
         try:  # evaluations act on the host CPU (a trip to an accelerator per env step costs more than the network)
@@ -1034,7 +1035,7 @@ def train(args: Args) -> dict:
             pending[actor.collect.remote(published)] = i
         where = args.ray_address or (f"local, {ray.util.get_node_ip_address()}" if started_ray else "already running")
         print(f"{n} actors on Ray ({where})", flush=True)
-        if redo:  # the evaluation a signal cut short
+        if cut_short:  # the evaluation a signal cut short
             evaluation("eval")
             heard = [time.monotonic()] * n
         while step < args.total_timesteps and not stopped:

@@ -295,12 +295,12 @@ class Learner:
     prefetch thread that samples K minibatches ahead and puts them on the device(s), and a writer thread that writes
     each call's losses back as priorities. step() runs one jitted call of K SGD steps (a run's last may be shorter)."""
 
-    def __init__(self, args: Args, policy: Policy, mode: str, stats: ObsStats, replay: PrioritizedDataset):
-        self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
-        optimizer, dummy = make_optimizer(args), jnp.zeros((1, replay.obs.shape[1]))
+    def __init__(self, args: Args, policy: Policy, mode: str, stats: ObsStats, dataset: PrioritizedDataset):
+        self.args, self.dataset, self.shardings = args, dataset, learner_shardings(args)
+        optimizer, dummy = make_optimizer(args), jnp.zeros((1, dataset.obs.shape[1]))
         # Refused before allocating: what the RAM or the device's memory (where it reports it) cannot hold.
         shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(args.seed), dummy)
-        row = replay.obs[0].size + replay.actions[0].size + 1  # floats of a row in a batch, its weight included
+        row = dataset.obs[0].size + dataset.actions[0].size + 1  # floats of a row in a batch, its weight included
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row
         nbytes = 4 * (5 * sum(x.size for x in jax.tree_util.tree_leaves(shapes)) + batches)  # float32; 5 params' worth
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -340,7 +340,7 @@ class Learner:
     def sample(self, beta: float, num_batches: Optional[int] = None):
         """On the prefetch thread: (batches [K, B, ...] on the device(s), row indexes)."""
         k, b = num_batches or self.args.updates_per_call, self.args.batch_size
-        batch, indexes = self.replay.sample(b, k, beta)
+        batch, indexes = self.dataset.sample(b, k, beta)
         batch = {key: v.reshape((k, b) + v.shape[1:]) for key, v in batch.items()}
         return jax.device_put(batch, self.shardings.split), indexes
 
@@ -352,17 +352,17 @@ class Learner:
             step = first_step + int(np.argmin(finite)) + 1
             raise RunFailed(f"learner diverged: loss or params not finite at SGD step {step}; lower --learning-rate?")
         if self.args.prioritized:  # with alpha = 0 a write changes nothing
-            self.replay.update_priorities(indexes, priorities.reshape(-1))
+            self.dataset.update_priorities(indexes, priorities.reshape(-1))
 
     def scalars(self) -> dict:  # what it logs: the last call's loss, beta and the largest priority
         scalars = {k: float(v) for k, v in self.metrics.items()}
-        return {**scalars, "replay/beta": self.beta(), "replay/priority_max": self.replay.max_priority}
+        return {**scalars, "replay/beta": self.beta(), "replay/priority_max": self.dataset.max_priority}
 
     def state_dict(self) -> dict:
         """The train state and the priorities, once those of every call so far are in the dataset."""
         while self.writes:
             self.writes.popleft().result()
-        return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
+        return {**tree_arrays("train_state/", self.state), **self.dataset.state_dict()}
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
         """A checkpoint's checked train state (one copy, whatever number of devices wrote it) and priorities."""
@@ -370,7 +370,7 @@ class Learner:
         self.sgd_steps = int(state.sgd_steps)
         require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
         self.state = jax.device_put(state, self.shardings.replicated)
-        self.replay.load_state_dict(arrays, path)
+        self.dataset.load_state_dict(arrays, path)
 
     def close(self) -> None:
         self.sampler.shutdown(cancel_futures=True)
@@ -845,24 +845,24 @@ def train(args: Args) -> dict:
         args = dataclasses.replace(args, dataset=[DEFAULT_DATASET])
     args = check_args(args)
     data = load_training_data(args)
-    ds, env_fn = data.dataset, functools.partial(make_env, data.env_id)
-    stats = obs_stats(ds.observations, args.normalize_obs)
+    examples, env_fn = data.dataset, functools.partial(make_env, data.env_id)
+    stats = obs_stats(examples.observations, args.normalize_obs)
     policy = Policy(data.out_dim, args.hidden_sizes, data.mode == "nll")
     act = make_act(policy, data.mode)
     alpha = args.per_alpha if args.prioritized else 0.0
-    replay = PrioritizedDataset(ds.observations, ds.actions, alpha, args.per_eps, args.seed)
-    print(f"{len(ds.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
+    dataset = PrioritizedDataset(examples.observations, examples.actions, alpha, args.per_eps, args.seed)
+    print(f"{len(examples.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
         async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
-        learner = Learner(args, policy, data.mode, stats, replay)
+        learner = Learner(args, policy, data.mode, stats, dataset)
         cleanup.callback(learner.close)
-        run_dir, redo, missed = open_run_dir(args, data.env_id), False, False
+        run_dir, cut_short = open_run_dir(args, data.env_id), False  # cut_short: an evaluation a signal cut short
         if args.resume:
-            redo = load_checkpoint(run_dir, learner, data.digest, args.total_updates)
+            cut_short = load_checkpoint(run_dir, learner, data.digest, args.total_updates)
         step = learner.sgd_steps
-        replay.rng = np.random.default_rng((args.seed, step))  # a resume draws on, not the first rows again
+        dataset.rng = np.random.default_rng((args.seed, step))  # a resume draws on, not the first rows again
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_updates else step - 1) if args.resume else None)
         cleanup.callback(logger.close)
@@ -879,12 +879,12 @@ def train(args: Args) -> dict:
 
         def checkpoint():
             nonlocal saved_step
-            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": missed}
+            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": cut_short}
             save_npz(f"{run_dir}/checkpoint.npz", {**meta, **counters}, {**learner.state_dict(), **stats_arrays})
             saved_step = step
 
         def evaluation(prefix: str):
-            nonlocal last_eval, missed
+            nonlocal last_eval, cut_short
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
             params = actor_copy(learner.state.params)
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
@@ -892,10 +892,10 @@ def train(args: Args) -> dict:
                 score = normalized_score(returns, data.ref_min, data.ref_max)
                 logger.eval(step, returns, score)
                 last_eval = f"{returns.mean():.1f} (score {score:.1f})"
-            missed = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+            cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
             return returns
 
-        if redo:  # the evaluation a signal cut short
+        if cut_short:  # the evaluation a signal cut short
             evaluation("eval")
         while step < args.total_updates and not stopped:
             # LEARN: K SGD steps per call on the prefetch thread's minibatches; priorities go back on the writer's.
