@@ -1,10 +1,16 @@
-"""Our Pong run's training return per 1M frames (250k agent steps) beside Dopamine's per-run curves (results/dopamine/),
-on Dopamine's metric: the mean return of the training episodes ending in each iteration. python FOLDER/plot.py"""
+"""A 10M-frame Atari run's training return per 1M frames (250k agent steps) beside Dopamine's per-run curves (the CSVs
+here), on Dopamine's metric: the mean return of the training episodes ending in each iteration. Writes
+RUN_FOLDER/GAME-vs-dopamine.png and prints the figures docs/atari_minatar.md cites.
+
+    python results/dopamine/plot.py results/runs/b7e9779/tpu-pong-10m pong
+    python results/dopamine/plot.py results/runs/183c628/tpu-breakout-10m breakout
+"""
 
 import csv
 import glob
 import os
 import statistics
+import sys
 
 import matplotlib
 
@@ -12,15 +18,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-here = os.path.dirname(os.path.abspath(__file__))
+folder, game = sys.argv[1], sys.argv[2]
 returns = []
-for path in sorted(glob.glob(os.path.join(here, "events.out.tfevents.*"))):
+for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
     events = EventAccumulator(path, size_guidance={"scalars": 0})
     events.Reload()
     returns += [(e.step, e.value) for e in events.Scalars("charts/episodic_return")]
 ours = [statistics.mean(v for s, v in returns if i * 250_000 < s <= (i + 1) * 250_000) for i in range(10)]
 runs = {}
-with open(os.path.join(here, "..", "..", "..", "dopamine", "pong.csv")) as f:
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{game}.csv")) as f:
     for row in csv.DictReader(f):
         if int(row["iteration"]) < 10:
             runs.setdefault((row["agent"], row["run"]), []).append(float(row["return"]))
@@ -30,10 +36,11 @@ for (agent, run), values in sorted(runs.items()):
     if agent in colours:
         ax.plot(range(1, 11), values, color=colours[agent], alpha=0.45, lw=1, label=agent if run == "0" else None)
 ax.plot(range(1, 11), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
-ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title="ALE/Pong-v5, sticky actions 0.25")
+title = f"ALE/{game.capitalize()}-v5, sticky actions 0.25"
+ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title=title)
 ax.legend(fontsize=8)
 fig.tight_layout()
-fig.savefig(os.path.join(here, "pong-vs-dopamine.png"), dpi=110)
+fig.savefig(os.path.join(folder, f"{game}-vs-dopamine.png"), dpi=110)
 print("ours by million frames:", [round(x, 2) for x in ours])
 for agent in colours:
     at9 = [v[9] for (a, _), v in runs.items() if a == agent]
