@@ -214,6 +214,31 @@ def test_replay_samples_by_the_actors_priorities():
     np.testing.assert_allclose(batch["weights"][:32], w / w.max(), rtol=1e-4)
 
 
+def test_the_learner_hands_its_beta_schedule_to_each_draw():
+    """The replay holds no beta: the learner's schedule (--per-beta0 to --per-beta1 over the budget) goes to each
+    draw, and the IS weights are the docstring's at that beta."""
+    args = apex.Args(batch_size=8, updates_per_call=2, per_beta0=0.3, per_beta1=0.9, total_timesteps=1000)
+    replay, alpha, eps = apex.PrioritizedReplay(30, (1,), np.float32, 0.6, 1e-6), 0.6, 1e-6
+    priorities = np.linspace(0.05, 3.0, 30)
+    rows = {
+        "obs": np.arange(30, dtype=np.float32)[:, None],
+        "action": np.zeros(30, np.int64),
+        "reward": np.zeros(30, np.float32),
+        "next_obs": np.zeros((30, 1), np.float32),
+        "discount": np.ones(30, np.float32),
+    }
+    replay.add(rows, priorities)
+    learner = apex.Learner(args, apex.QNetwork(2, (4,)), replay, (1,))
+    try:
+        assert [learner.beta(t) for t in (0, 500, 1000, 2000)] == pytest.approx([0.3, 0.6, 0.9, 0.9])
+        batches, indexes, _ = learner.sample(learner.beta(500))
+    finally:
+        learner.close()
+    p = (priorities + eps) ** alpha
+    w = (30 * p[indexes] / p.sum()).reshape(2, 8) ** -0.6
+    np.testing.assert_allclose(np.asarray(batches["weights"]), w / w.max(axis=1, keepdims=True), rtol=1e-4)
+
+
 def test_stale_priorities_do_not_land_on_new_rows():
     replay = apex.PrioritizedReplay(8, (1,), np.float32, 0.6, 1e-6)
 
