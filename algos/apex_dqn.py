@@ -274,6 +274,8 @@ class PrioritizedReplay:
 
     def __init__(self, capacity: int, obs_shape, obs_dtype, alpha: float, eps: float):
         self.capacity, self.prioritized = capacity, alpha > 0
+        self.row_bytes = 2 * int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 64  # + priorities, trees
+        require_memory(capacity * self.row_bytes, f"--buffer-size {capacity}")  # before cpprb allocates
         obs = (tuple(obs_shape), obs_dtype)
         self.spec = dict(zip(ROW, (obs, ((), np.int64), ((), np.float32), obs, ((), np.float32))))
         cpprb_spec = {k: {"shape": shape or 1, "dtype": dtype} for k, (shape, dtype) in self.spec.items()}  # 1, not ()
@@ -444,8 +446,7 @@ class Learner:
         self.key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, obs_shape), init_key)
         state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-        row_bytes = 2 * int(np.prod(obs_shape)) * np.dtype(replay.spec["obs"][1]).itemsize + 64
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * row_bytes
+        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * replay.row_bytes
         require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
         self.state = init_train_state(network, optimizer, obs_shape, init_key)
         unroll = len(obs_shape) == 3 and jax.default_backend() == "cpu"  # XLA's CPU runs convolutions slower in loops
@@ -969,8 +970,6 @@ def train(args: Args) -> dict:
         with contextlib.closing(env_fn(1)) as probe:
             num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
-        row_bytes = 2 * int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize + 64  # + priorities, trees
-        require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
         alpha = args.per_alpha if args.prioritized else 0.0
         replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
         learner = Learner(args, network, replay, space.shape)
