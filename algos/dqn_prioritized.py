@@ -146,6 +146,8 @@ class Args:
     """priority exponent alpha"""
     per_beta0: Fraction = 0.4
     """initial importance-sampling exponent, annealed linearly to 1"""
+    per_beta_steps: Optional[Count] = None
+    """env steps over which beta rises to 1, whatever the budget (the Atari preset's); default the budget"""
     per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
     # Learner
@@ -197,6 +199,7 @@ ATARI_PRESET = dict(
     hidden_sizes=(512,),
     end_e=0.01,  # tuned Double DQN
     exploration_steps=1_000_000,  # agent steps (4M frames), whatever the budget
+    per_beta_steps=50_000_000,  # PER: beta reaches 1 at the run's end; a shorter budget is the run's first part
     eval_epsilon=0.001,  # tuned Double DQN's evaluation epsilon
     eval_every=250_000,
     eval_episodes=8,
@@ -669,7 +672,8 @@ class Learner:
         return True
 
     def beta(self, env_step: int) -> float:
-        return linear_schedule(self.args.per_beta0, 1.0, self.args.total_timesteps, env_step)
+        horizon = self.args.per_beta_steps or self.args.total_timesteps
+        return linear_schedule(self.args.per_beta0, 1.0, horizon, env_step)
 
     def sample(self, beta: float):
         """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
@@ -1273,7 +1277,7 @@ def load_checkpoint(run_dir: str, learner: Learner, total: int):
     learner.load_state_dict(arrays, path)
     require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = "" if was in (None, total) else f"; beta and any schedule over the budget end at {total} steps, not {was}"
+    note = "" if was in (None, total) else f"; any schedule over the budget ends at {total} steps, not {was}"
     rows = len(learner.replay)
     print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
     return step, episodes, meta.get("eval_missed") is True

@@ -1040,7 +1040,7 @@ def load_checkpoint(run_dir: str, learner: Learner, total: int):
     learner.load_state_dict(arrays, path)
     require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = "" if was in (None, total) else f"; beta and any schedule over the budget end at {total} steps, not {was}"
+    note = "" if was in (None, total) else f"; any schedule over the budget ends at {total} steps, not {was}"
     rows = len(learner.replay)
     print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
     return step, episodes, meta.get("eval_missed") is True

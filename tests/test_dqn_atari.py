@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import ale_py.vector_env
 import gymnasium as gym
@@ -289,6 +290,19 @@ def test_preset_fills_defaults_and_given_flags_still_win():
     assert args.learning_rate == dqn.ATARI_PRESET["learning_rate"] == 6.25e-5
     assert args.buffer_size == 1_000_000 and args.batch_size == 32 and args.train_frequency == 4
     assert dqn.parse_args([]).learning_rate == dqn.Args().learning_rate
+
+
+def test_the_atari_presets_beta_rises_over_the_papers_run_whatever_the_budget():
+    """PER anneals beta from 0.4 to 1 over its whole 50M-step run: a 2.5M-step run of the preset is the first
+    2.5M steps of that schedule (beta 0.43 at its end), not a schedule squeezed into 2.5M. Without the
+    preset, beta reaches 1 at the budget's end; a typed --per-beta-steps wins over both."""
+    learner = types.SimpleNamespace(args=dqn.parse_args(["--preset", "atari", "--total-timesteps", "2500000"]))
+    betas = [dqn.Learner.beta(learner, t) for t in (0, 2_500_000, 25_000_000, 50_000_000)]
+    assert betas == pytest.approx([0.4, 0.43, 0.7, 1.0])
+    learner.args = dqn.parse_args(["--total-timesteps", "1000"])
+    assert [dqn.Learner.beta(learner, t) for t in (500, 1000)] == pytest.approx([0.7, 1.0])
+    learner.args = dqn.parse_args(["--preset", "atari", "--per-beta-steps", "1000"])
+    assert dqn.Learner.beta(learner, 500) == pytest.approx(0.7)
 
 
 def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path, monkeypatch):

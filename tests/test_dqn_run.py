@@ -102,7 +102,7 @@ def test_checkpoint_round_trip_and_resume_continue_counters(tmp_path, capsys):
     # Resume and extend to 3000 steps: counters continue, evaluation goes on from 2000, the line says so.
     capsys.readouterr()
     assert run_cli(["--resume", run_dir, "--total-timesteps", "3000"]) == 0
-    assert "; beta and any schedule over the budget end at 3000 steps, not 2000" in capsys.readouterr().out
+    assert "; any schedule over the budget ends at 3000 steps, not 2000" in capsys.readouterr().out
     meta2, arrays2 = dqn.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 3000
     assert int(arrays2["train_state/sgd_steps"]) == (3000 - 200) // 2 // 4 * 4

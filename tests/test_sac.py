@@ -261,7 +261,7 @@ def test_run_checkpoint_resume_and_eval_only(tmp_path, capsys):
     assert sac.cli(["--resume", run_dir, "--total-timesteps", "800"]) == 0
     meta2, arrays2 = sac.load_npz(run_dir, "checkpoint")
     assert meta2["global_step"] == 800 and int(arrays2["train_state/sgd_steps"]) == (800 - 256) // 4 * 4
-    assert "; beta and any schedule over the budget end at 800 steps, not 600" in capsys.readouterr().out
+    assert "; any schedule over the budget ends at 800 steps, not 600" in capsys.readouterr().out
     # A saved model is evaluated by tools/sac_evaluate.py.
     evaluate = load_tool("sac_evaluate")
     assert evaluate.main([os.path.join(run_dir, "model.npz"), "--episodes", "2"]) == 0
