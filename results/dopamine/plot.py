@@ -2,7 +2,7 @@
 here), on Dopamine's metric: the mean return of the training episodes ending in each iteration. Writes
 RUN_FOLDER/GAME-vs-dopamine.png and prints the figures docs/atari_minatar.md cites.
 
-    python results/dopamine/plot.py results/runs/b7e9779/tpu-pong-10m pong
+    python results/dopamine/plot.py results/runs/e4d1c38/tpu-pong-10m pong
     python results/dopamine/plot.py results/runs/183c628/tpu-breakout-10m breakout
 """
 
