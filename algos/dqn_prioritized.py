@@ -13,7 +13,7 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   y_i     = G_i + d_i Q(s'_i, argmax_a Q(s'_i, a; theta); theta_target)             (double Q)
   delta_i = y_i - Q(s_i, a_i; theta)               L = (1/B) sum_i w_i huber(delta_i)
   P(i)    = p_i^alpha / sum_j p_j^alpha            p_i = |delta_i| + eps, new transitions: max_j p_j
-  w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> 1
+  w_i     = (N P(i))^-beta / max_{j in minibatch} (N P(j))^-beta     beta: --per-beta0 -> 1 over --per-beta-steps
   Each minibatch: one row from each 1/B of the priority mass (B.2.1). theta_target <- theta every
   --target-network-frequency SGD steps (a Polyak average if --tau < 1). --no-prioritized is alpha = 0.
   Acting: epsilon-greedy on the host CPU (Acme's split) with a copy of theta taken as each update call is

@@ -1,6 +1,7 @@
 """Pixel observations: FrameStore replay against an uncompressed reference, memory per
 transition, life loss, the Atari preset, and the Nature-CNN path end to end on a real ALE game."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -295,11 +296,17 @@ def test_preset_fills_defaults_and_given_flags_still_win():
 def test_the_atari_presets_beta_rises_over_the_papers_run_whatever_the_budget():
     """PER anneals beta from 0.4 to 1 over its whole 50M-step run: a 2.5M-step run of the preset is the first
     2.5M steps of that schedule (beta 0.43 at its end), not a schedule squeezed into 2.5M. Without the
-    preset, beta reaches 1 at the budget's end; a typed --per-beta-steps wins over both."""
-    learner = types.SimpleNamespace(args=dqn.parse_args(["--preset", "atari", "--total-timesteps", "2500000"]))
-    betas = [dqn.Learner.beta(learner, t) for t in (0, 2_500_000, 25_000_000, 50_000_000)]
-    assert betas == pytest.approx([0.4, 0.43, 0.7, 1.0])
+    preset, and in a run folder written before --per-beta-steps, beta reaches 1 at the budget's end; a typed
+    --per-beta-steps wins over both."""
+    learner = types.SimpleNamespace()
+    for budget in ("2500000", "100000000"):
+        learner.args = dqn.parse_args(["--preset", "atari", "--total-timesteps", budget])
+        betas = [dqn.Learner.beta(learner, t) for t in (0, 2_500_000, 25_000_000, 50_000_000)]
+        assert betas == pytest.approx([0.4, 0.43, 0.7, 1.0])
     learner.args = dqn.parse_args(["--total-timesteps", "1000"])
+    assert [dqn.Learner.beta(learner, t) for t in (500, 1000)] == pytest.approx([0.7, 1.0])
+    saved = {k: v for k, v in dataclasses.asdict(dqn.Args(**dqn.ATARI_PRESET)).items() if k != "per_beta_steps"}
+    learner.args = dqn.args_from_json({**saved, "total_timesteps": 1000}, "args.json")
     assert [dqn.Learner.beta(learner, t) for t in (500, 1000)] == pytest.approx([0.7, 1.0])
     learner.args = dqn.parse_args(["--preset", "atari", "--per-beta-steps", "1000"])
     assert dqn.Learner.beta(learner, 500) == pytest.approx(0.7)

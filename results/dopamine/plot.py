@@ -4,6 +4,7 @@ RUN_FOLDER/GAME-vs-dopamine.png and prints the figures docs/atari_minatar.md cit
 
     python results/dopamine/plot.py results/runs/e4d1c38/tpu-pong-10m pong
     python results/dopamine/plot.py results/runs/183c628/tpu-breakout-10m breakout
+    python results/dopamine/plot.py results/runs/e4d1c38/tpu-breakout-6m breakout
 """
 
 import csv
@@ -24,7 +25,8 @@ for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
     events = EventAccumulator(path, size_guidance={"scalars": 0})
     events.Reload()
     returns += [(e.step, e.value) for e in events.Scalars("charts/episodic_return")]
-ours = [statistics.mean(v for s, v in returns if i * 250_000 < s <= (i + 1) * 250_000) for i in range(10)]
+windows = [[v for s, v in returns if i * 250_000 < s <= (i + 1) * 250_000] for i in range(10)]
+ours = [statistics.mean(w) for w in windows if w]  # a run stopped early: its last window is cut where it stopped
 runs = {}
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{game}.csv")) as f:
     for row in csv.DictReader(f):
@@ -35,7 +37,7 @@ fig, ax = plt.subplots(figsize=(7, 4.5))
 for (agent, run), values in sorted(runs.items()):
     if agent in colours:
         ax.plot(range(1, 11), values, color=colours[agent], alpha=0.45, lw=1, label=agent if run == "0" else None)
-ax.plot(range(1, 11), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
+ax.plot(range(1, len(ours) + 1), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
 title = f"ALE/{game.capitalize()}-v5, sticky actions 0.25"
 ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title=title)
 ax.legend(fontsize=8)
