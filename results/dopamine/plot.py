@@ -37,7 +37,8 @@ fig, ax = plt.subplots(figsize=(7, 4.5))
 for (agent, run), values in sorted(runs.items()):
     if agent in colours:
         ax.plot(range(1, 11), values, color=colours[agent], alpha=0.45, lw=1, label=agent if run == "0" else None)
-ax.plot(range(1, len(ours) + 1), ours, color="black", lw=2.5, marker="o", label="ours: --preset atari --num-envs 32, seed 1")
+label = "ours: --preset atari --num-envs 32, seed 1"
+ax.plot(range(1, len(ours) + 1), ours, color="black", lw=2.5, marker="o", label=label)
 title = f"ALE/{game.capitalize()}-v5, sticky actions 0.25"
 ax.set(xlabel="frames (millions)", ylabel="mean training return in that million frames", title=title)
 ax.legend(fontsize=8)
