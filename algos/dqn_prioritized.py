@@ -45,6 +45,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when jax
 import collections
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -151,8 +152,8 @@ class Args:
     per_eps: Positive = 1e-6
     """added to |TD| so that no transition has zero probability"""
     # Learner
-    updates_per_call: Annotated[int, Field(ge=1, le=10_000)] = 32
-    """SGD steps fused in one jitted call"""
+    updates_per_call: Annotated[int, Field(ge=1, le=128)] = 32
+    """SGD steps fused in one jitted call (the policy acts one call behind: at most 128 SGD steps)"""
     prefetch_size: Annotated[int, Field(ge=1, le=64)] = 2
     """calls' worth of batches the prefetch thread keeps ready on the device"""
     num_devices: Annotated[int, Field(ge=-1, le=65_536)] = 1
@@ -184,8 +185,8 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
-    num_envs=16,  # and the actor on the learner's device: the fastest pair measured on a TPU (docs/atari_minatar.md)
-    actor_device="learner",
+    num_envs=32,  # two halves of 16 stepped in turn, the policy on the learner's device: fastest on a TPU v5e
+    actor_device="learner",  # (its Nature CNN for 16 envs: 1.4 ms a call there; docs/atari_minatar.md)
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
     anneal_lr=False,
@@ -213,6 +214,7 @@ MINATAR_PRESET = dict(
     n_step=1,
     total_timesteps=5_000_000,
     num_envs=16,  # timed on a TPU against 1, 8 and 32; learned as the paper's 1 env did (docs/atari_minatar.md)
+    updates_per_call=128,  # 128 SGD steps a call: 8,533 SPS on a TPU v5e against 4,377 at 32 (docs/atari_minatar.md)
     buffer_size=100_000,
     learning_starts=5_000,
     batch_size=32,
@@ -343,23 +345,65 @@ class FrameStore:
         return numbers
 
     def start(self, obs, envs):
-        if obs[envs, :-1].any():  # the rows would name zero frames the env never showed
+        """Envs `envs` (indexes) start episodes showing the stacks obs (one per env)."""
+        if obs[:, :-1].any():  # the rows would name zero frames the env never showed
             raise ConfigError("an image env's first stack must be 3 zero frames, then the first (padding_type='zero')")
-        zeros, firsts = self._write(np.zeros_like(obs[envs, -1])), self._write(obs[envs, -1])
+        zeros, firsts = self._write(np.zeros_like(obs[:, -1])), self._write(obs[:, -1])
         self.stack[envs] = np.concatenate([np.repeat(zeros[:, None], FRAME_STACK - 1, axis=1), firsts[:, None]], 1)
 
-    def step(self, reached, next_obs, done):
-        """(frame numbers of the stacks the step led to, of the stacks the envs show now)."""
-        reached_numbers = np.concatenate([self.stack[:, 1:], self._write(reached[:, -1])[:, None]], axis=1)
-        self.stack = reached_numbers.copy()
+    def step(self, reached, next_obs, done, envs=slice(None)):
+        """A step of envs `envs` (a slice): (frame numbers of the stacks it led to, of the stacks they show now)."""
+        reached_numbers = np.concatenate([self.stack[envs, 1:], self._write(reached[:, -1])[:, None]], axis=1)
+        self.stack[envs] = reached_numbers
         if done.any():
-            self.start(next_obs, np.flatnonzero(done))
-        return reached_numbers, self.stack.copy()
+            ended = np.flatnonzero(done)
+            self.start(next_obs[ended], np.arange(len(self.stack))[envs][ended])
+        return reached_numbers, self.stack[envs].copy()
 
     def read(self, numbers):
         """(pixels of frame-number stacks, whether each is intact)."""
         pixels = self.frames[numbers % self.capacity]
         return pixels, numbers.min(axis=-1) >= self.written - self.capacity
+
+
+class DeviceFrames:
+    """The FrameStore's ring mirrored on the learner's device(s), so that a call's minibatches cross as frame slots
+    (32 KB at K=32) rather than pixels (58 MB): the frames written since the last call are copied over just before
+    each update call, which gathers its rows there. A frame is a row of 4-byte words padded to a multiple of 128,
+    the shape a TPU gathers rows from without copying the whole store (docs/atari_minatar.md)."""
+
+    def __init__(self, frames: FrameStore, sharding):
+        self.host, self.pushed, self.shape = frames, 0, frames.frames.shape[1:]
+        self.words = frame_words(self.shape)
+        self.store = jax.jit(lambda: jnp.zeros((frames.capacity, self.words), jnp.uint32), out_shardings=sharding)()
+        self.write = jax.jit(lambda store, at, rows: store.at[at].set(rows), donate_argnums=0, out_shardings=sharding)
+
+    def push(self) -> int:
+        """Copies the frames written since the last push; returns the oldest frame number the device now holds."""
+        capacity, written = self.host.capacity, self.host.written
+        for start in range(max(self.pushed, written - capacity), written, 65_536):
+            numbers = np.arange(start, min(start + 65_536, written))
+            size = 1 << max(6, (numbers.size - 1).bit_length())  # a few shapes, a few compiles
+            slots = np.concatenate([numbers, np.full(size - numbers.size, numbers[-1])]) % capacity  # repeats: same row
+            self.store = self.write(self.store, slots.astype(np.int32), self.pack(self.host.frames[slots]))
+        self.pushed = written
+        return written - capacity
+
+    def pack(self, frames: np.ndarray) -> np.ndarray:
+        rows = np.zeros((len(frames), self.words * 4), np.uint8)
+        rows[:, : frames[0].size] = frames.reshape(len(frames), -1)
+        return rows.view(np.uint32)
+
+
+def frame_words(shape) -> int:
+    """4-byte words of a frame's row on the device: its bytes, rounded up to a multiple of 128 words."""
+    return -(-int(np.prod(shape)) // 512) * 128
+
+
+def unpack_frames(words: jax.Array, shape) -> jax.Array:
+    """DeviceFrames.pack's inverse: rows of words [..., W] to uint8 frames [..., H, W']."""
+    pixels = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(words.shape[:-1] + (-1,))
+    return pixels[..., : int(np.prod(shape))].reshape(words.shape[:-1] + tuple(shape))
 
 
 class PrioritizedReplay:
@@ -405,12 +449,13 @@ class PrioritizedReplay:
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged_rows = 0
 
-    def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0):
+    def sample(self, batch_size: int, num_batches: int = 1, beta: float = 1.0, decode: bool = True):
         """(K minibatches [K, B, ...] with IS 'weights', slot indexes [K * B], their write counts), each minibatch
         stratified over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. cpprb
         stratifies one draw of K*B rows into K*B ranges, K in each 1/B; each 1/B's K rows are dealt out to the K
         minibatches in random order, so a minibatch's row there is uniform over that 1/B. A frame row overwritten
-        since its insert gets weight 0 and no write-back. Rows add() still stages are not drawn until flush()."""
+        since its insert gets weight 0 and no write-back (decode=False: frame rows keep their frame numbers, the
+        learner gathers them on its device). Rows add() still stages are not drawn until flush()."""
         k, b = num_batches, batch_size
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
@@ -424,7 +469,7 @@ class PrioritizedReplay:
             batch[key] = batch[key].reshape(k, b)
         weights = batch["weights"]
         batch["weights"] = (weights / weights.max(axis=1, keepdims=True)).astype(np.float32)  # per minibatch, as Acme
-        if self.frames is not None:
+        if self.frames is not None and decode:
             batch["obs"], obs_ok = self.frames.read(batch["obs"])
             batch["next_obs"], next_ok = self.frames.read(batch["next_obs"])
             stale = ~(obs_ok & next_ok)
@@ -509,21 +554,21 @@ class Adder:
     ended, and ends the return at a termination (with --terminal-on-life-loss also at a lost life) only:
     a truncation bootstraps."""
 
-    def __init__(self, replay: PrioritizedReplay, nstep: NStepAssembler, terminal_on_life_loss: bool):
+    def __init__(self, replay: PrioritizedReplay, nstep: NStepAssembler, terminal_on_life_loss: bool, envs=slice(None)):
         self.replay, self.nstep, self.frames, self.life_loss = replay, nstep, replay.frames, terminal_on_life_loss
-        self.shown, self.lives = None, None
+        self.envs, self.shown, self.lives = envs, None, None  # envs: its slice of the run's envs (a FrameStore's)
 
     def start(self, obs) -> None:
         """The envs' first observations (of a run, or of a resumed one: env state is not saved)."""
         if self.frames is not None:
-            self.frames.start(obs, np.arange(len(obs)))
-        self.shown = obs if self.frames is None else self.frames.stack.copy()
+            self.frames.start(obs, np.arange(len(self.frames.stack))[self.envs])
+        self.shown = obs if self.frames is None else self.frames.stack[self.envs].copy()
 
     def add(self, action, reward, next_obs, terminated, truncated, info) -> None:
         done = terminated | truncated
         reached, shown = real_next_obs(next_obs, done, info), next_obs
         if self.frames is not None:
-            reached, shown = self.frames.step(reached, next_obs, done)
+            reached, shown = self.frames.step(reached, next_obs, done, self.envs)
         ends_return = terminated
         if self.life_loss:
             lost, self.lives = lost_life(info, self.lives, done)
@@ -532,8 +577,9 @@ class Adder:
         self.shown = shown
 
 
-def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedReplay, NStepAssembler]:
-    """The replay and the n-step assembler feeding it; frame stacks go through a FrameStore."""
+def make_replay(args: Args, obs_space: gym.spaces.Box, num_envs=None) -> Tuple[PrioritizedReplay, NStepAssembler]:
+    """The replay and an n-step assembler feeding it from num_envs envs (default all); frame stacks go through a
+    FrameStore."""
     pixels = len(obs_space.shape) == 3 and not is_planes(obs_space)
     shape, dtype = ((FRAME_STACK,), np.int64) if pixels else (obs_space.shape, obs_space.dtype)
     frame = int(np.prod(obs_space.shape[1:])) * 1.1 if pixels else 0  # the FrameStore keeps 1.1 x the buffer
@@ -542,7 +588,8 @@ def make_replay(args: Args, obs_space: gym.spaces.Box) -> Tuple[PrioritizedRepla
     frames = FrameStore(args.buffer_size, args.num_envs, obs_space.shape[1:]) if pixels else None
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
-    return replay, NStepAssembler(args.n_step, args.gamma, args.num_envs, shape, dtype, args.clip_reward)
+    n = num_envs or args.num_envs
+    return replay, NStepAssembler(args.n_step, args.gamma, n, shape, dtype, args.clip_reward)
 
 
 # ------------------------------------------------------------------------------------------ LEARNER
@@ -585,9 +632,11 @@ def double_q_loss(q_apply, params, target_params, batch: dict, huber_delta: floa
     return loss, (td, q_sa.mean())
 
 
-def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: int = 1):
-    """jit(state, batches[K, B, ...]) -> (state, metrics, |TD|[K, B]): K SGD steps in one call, a
-    lax.scan, its body `unroll` steps long (XLA's CPU backend runs convolutions slower inside a loop)."""
+def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: int = 1, frame_shape=None):
+    """jit(state, batches[K, B, ...], store) -> (state, metrics, |TD|[K, B]): K SGD steps in one call, a
+    lax.scan, its body `unroll` steps long (XLA's CPU backend runs convolutions slower inside a loop). With
+    frame_shape, obs and next_obs are slots of DeviceFrames' store [capacity, words], gathered here, and
+    batches["fresh"] zeroes the weights of rows whose frames were overwritten since they were drawn."""
 
     def sgd_step(state: TrainState, batch: dict):
         grad_fn = jax.value_and_grad(double_q_loss, argnums=1, has_aux=True)
@@ -600,12 +649,18 @@ def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: 
         td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
         return TrainState(params, target, opt_state, steps), (loss, q_mean, td)
 
-    def update(state: TrainState, batches: dict):
+    def update(state: TrainState, batches: dict, store):
+        if frame_shape is not None:
+            batches = dict(batches)
+            fresh = batches.pop("fresh")
+            batches.update({key: unpack_frames(store[batches[key]], frame_shape) for key in ("obs", "next_obs")})
+            batches["weights"] = batches["weights"] * fresh
         state, (loss, q_mean, td) = jax.lax.scan(sgd_step, state, batches, unroll=unroll)
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     whole, split = shardings
-    return jax.jit(update, donate_argnums=0, in_shardings=(whole, split), out_shardings=(whole, whole, split))
+    shardings = (whole, split, whole)
+    return jax.jit(update, donate_argnums=0, in_shardings=shardings, out_shardings=(whole, whole, split))
 
 
 # The train state's sharding (a whole copy on every device), the batches' and |TD|'s (split along B).
@@ -629,7 +684,8 @@ class Learner:
     """Acme's learner: it owns the train state (on the learner's devices), beta's schedule, a prefetch thread
     that samples K minibatches ahead and puts them on the device(s), and a writer thread that writes each call's
     |TD| back as priorities. step() runs one jitted call of K SGD steps; actor_params is the copy the actor
-    uses, taken as each call is dispatched (so it lags the learner by at most K SGD steps)."""
+    uses, taken as each call is dispatched (so it lags the learner by one call, K <= 128 SGD steps). A frame
+    replay's frames are mirrored on the device (DeviceFrames): only frame slots cross with the minibatches."""
 
     def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
         self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
@@ -640,10 +696,14 @@ class Learner:
         shapes = jax.eval_shape(init, jax.random.PRNGKey(args.seed))
         state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(obs_shape)) * 4
-        require_memory(3 * state_bytes + batches, "the network, its copies and the batches in flight", True)
+        frames = replay.frames
+        store = frames.capacity * frame_words(obs_shape[1:]) * 4 if frames is not None else 0
+        require_memory(3 * state_bytes + batches + store, "the network, its copies, the frames and the batches", True)
         self.state = jax.device_put(init(jax.random.PRNGKey(args.seed)), self.shardings.replicated)
+        self.frames = DeviceFrames(frames, self.shardings.replicated) if frames is not None else None
         unroll = 32 if len(obs_shape) == 3 and jax.default_backend() == "cpu" else 1  # convolutions: make_update
-        self.update = make_update(network.apply, optimizer, args, self.shardings, unroll)
+        frame_shape = obs_shape[1:] if frames is not None else None
+        self.update = make_update(network.apply, optimizer, args, self.shardings, unroll, frame_shape)
         self.sampler = concurrent.futures.ThreadPoolExecutor(1, "prefetch")
         self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
@@ -660,10 +720,17 @@ class Learner:
         while len(self.batches) <= self.args.prefetch_size:  # prefetch_size calls ahead while this one learns
             self.batches.append(self.sampler.submit(self.sample, beta))
         start = time.perf_counter()
-        batches, indexes, write_counts = self.batches.popleft().result()
+        batches, indexes, write_counts, oldest = self.batches.popleft().result()
         self.wait_seconds += time.perf_counter() - start
+        store = None
+        if self.frames is not None:  # rows whose frames the device overwrote since the draw: weight 0, no write-back
+            fresh = oldest >= self.frames.push()
+            write_counts = np.where(fresh.reshape(-1), write_counts, -1)
+            self.stale_rows += fresh.size - int(fresh.sum())
+            batches = dict(batches, fresh=jax.device_put(fresh.astype(np.float32), self.shardings.split))
+            store = self.frames.store
         self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act while call i runs
-        self.state, self.metrics, priorities = self.update(self.state, batches)
+        self.state, self.metrics, priorities = self.update(self.state, batches, store)
         self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
             self.writes.popleft().result()  # raises the writer's error, e.g. divergence
@@ -676,9 +743,16 @@ class Learner:
         return linear_schedule(self.args.per_beta0, 1.0, horizon, env_step)
 
     def sample(self, beta: float):
-        """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
-        batches, indexes, write_counts = self.replay.sample(self.args.batch_size, self.args.updates_per_call, beta)
-        return jax.device_put(batches, self.shardings.split), indexes, write_counts
+        """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts, and for frame
+        rows each row's oldest frame number [K, B]; their obs and next_obs are slots in the device's store)."""
+        args, decode = self.args, self.frames is None
+        batches, indexes, write_counts = self.replay.sample(args.batch_size, args.updates_per_call, beta, decode)
+        oldest = None
+        if not decode:
+            oldest = np.minimum(batches["obs"].min(-1), batches["next_obs"].min(-1))
+            for key in ("obs", "next_obs"):
+                batches[key] = (batches[key] % self.frames.host.capacity).astype(np.int32)
+        return jax.device_put(batches, self.shardings.split), indexes, write_counts, oldest
 
     def write_priorities(self, indexes, write_counts, priorities, first_step: int) -> None:
         """On the writer thread (reading |TD| waits for the call): stop on divergence, else write back."""
@@ -694,8 +768,8 @@ class Learner:
         """What it logs: the last call's losses, beta, the largest priority (and the frame rows gone stale)."""
         scalars = {k: float(v) for k, v in self.metrics.items()}
         scalars.update({"replay/beta": self.beta(step), "replay/priority_max": self.replay.max_priority()})
-        if self.replay.frames is not None:
-            scalars["replay/stale_rows"] = self.replay.stale_rows
+        if self.frames is not None:
+            scalars["replay/stale_rows"] = self.stale_rows
         return scalars
 
     def progress(self) -> str:
@@ -716,7 +790,9 @@ class Learner:
             state = restore_tree(self.state, arrays, "train_state/", path)
             self.state = jax.device_put(state, self.shardings.replicated)
             self.replay.load_state_dict(arrays, path, self.num_actions)
-        self.sgd_steps = int(self.state.sgd_steps)
+        self.sgd_steps, self.stale_rows = int(self.state.sgd_steps), 0
+        if self.frames is not None:
+            self.frames.pushed = 0  # the next push copies the whole ring
         self.actor_params = actor_copy(self.state.params, self.actor)  # no lag yet
 
     def close(self) -> None:
@@ -748,19 +824,43 @@ def actor_copy(params, device):
 
 
 def make_act(q_apply, num_actions: int):
-    """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy; the network runs only if one is greedy."""
-    greedy = jax.jit(lambda params, obs: jnp.argmax(q_apply(params, obs), axis=-1))
+    """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy; the network runs only if one is greedy.
+    On an accelerator the actions return as a device array still being computed: np.asarray waits for them."""
+
+    @jax.jit
+    def epsilon_greedy(params, obs, explore, random):
+        return jnp.where(explore, random, jnp.argmax(q_apply(params, obs), axis=-1))
 
     def act(params, obs, epsilon, rng):
-        explore = rng.random(len(obs)) < epsilon
-        if explore.all():
-            return rng.integers(num_actions, size=len(obs))
-        actions = np.asarray(greedy(params, obs))
-        if explore.any():
-            actions = np.where(explore, rng.integers(num_actions, size=len(obs)), actions)
-        return actions
+        explore, random = rng.random(len(obs)) < epsilon, rng.integers(num_actions, size=len(obs))
+        return random if explore.all() else epsilon_greedy(params, obs, explore, random)
 
     return act
+
+
+class EnvGroup:
+    """Envs [first, first + n) of the run as one vector env: send(actions) starts their step, in the env's own
+    threads where it steps in the background (ale_py's send/recv), and recv() returns it; `actions` are the
+    indexes sent last (an env with Discrete(n, start=s) gets s + index)."""
+
+    def __init__(self, envs, first: int):
+        self.envs, self.slice, self.actions, self.in_flight = envs, slice(first, first + envs.num_envs), None, False
+        self.background = callable(getattr(envs, "send", None)) and callable(getattr(envs, "recv", None))
+        self.action_start = int(getattr(envs.single_action_space, "start", 0))
+
+    def send(self, actions) -> None:
+        self.actions, self.in_flight = np.asarray(actions), True  # np.asarray waits for a policy call still running
+        if self.background:
+            self.envs.send(self.actions + self.action_start)
+
+    def recv(self):
+        self.in_flight = False
+        return self.envs.recv() if self.background else self.envs.step(self.actions + self.action_start)
+
+    def close(self) -> None:
+        if self.background and self.in_flight:  # a step in flight ends before the env closes
+            self.recv()
+        self.envs.close()
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -786,43 +886,61 @@ def train(args: Args, env_fn=None) -> dict:
         async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
-        envs = cleanup.enter_context(contextlib.closing(env_fn(args.num_envs)))
-        space, num_actions = check_envs(envs)
-        action_start = int(envs.single_action_space.start)  # a Discrete(n, start=s) takes s + index
+        # Two halves of the envs step in turn (an odd number: one group), so that one half steps while the
+        # other's policy call and store run (docs/design.md).
+        halves, n = (2, args.num_envs // 2) if args.num_envs % 2 == 0 else (1, args.num_envs)
+        groups = [cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(n), i * n))) for i in range(halves)]
+        space, num_actions = check_envs(groups[0].envs)
         network = make_network(args, space, num_actions)
-        replay, nstep = make_replay(args, space)
+        replay, nstep = make_replay(args, space, n)
         learner = Learner(args, network, replay, space.shape)
         cleanup.callback(learner.close)
         act = make_act(network.apply, num_actions)
-        spaces = (envs.single_observation_space, envs.single_action_space)
+        spaces = (groups[0].envs.single_observation_space, groups[0].envs.single_action_space)
         play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
         run = Run(args, learner, env_fn, spaces, play, cleanup)
-        step, adder = run.step, Adder(replay, nstep, args.terminal_on_life_loss)
+        step, life_loss = run.step, args.terminal_on_life_loss
+        adders = [Adder(replay, copy.deepcopy(nstep), life_loss, g.slice) for g in groups]  # an assembler each
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
-        envs.action_space.seed(args.seed + step)
-        obs, _ = envs.reset(seed=env_seed(args.seed, step, 1))  # env state is not saved: a resume starts new episodes
-        adder.start(obs)
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
+        for group, adder in zip(groups, adders):  # env i is seeded seed + i, whichever group holds it
+            group.envs.action_space.seed(args.seed + step + group.slice.start)
+            obs, _ = group.envs.reset(seed=env_seed(args.seed, step, 1) + group.slice.start)  # env state is not saved
+            adder.start(obs)
+            group.send(act(learner.actor_params, obs, epsilon, rng))
         run.evaluate(step)  # the one a signal cut short, if the run resumed from there
         while step < args.total_timesteps and not run.stopped:
-            # ACT: epsilon-greedy on the actor's copy of the params, epsilon decaying linearly
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
-            actions = act(learner.actor_params, obs, epsilon, rng)
-            next_obs, reward, terminated, truncated, info = envs.step(actions + action_start)
+            rewards, dones = [], []
+            for group, adder in zip(groups, adders):
+                next_obs, reward, terminated, truncated, info = group.recv()
 
-            # STORE: n-step rows, each leading to the real observation its last step reached
-            adder.add(actions, reward, next_obs, terminated, truncated, info)
-            obs, step = next_obs, step + args.num_envs
+                # ACT: this half's next actions, epsilon-greedy on the actor's copy of the params (epsilon
+                # decaying linearly), the policy call running while this step is stored
+                epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step + n)
+                actions = act(learner.actor_params, next_obs, epsilon, rng)
 
-            # LEARN: one SGD step per --train-frequency env steps, K fused per call
-            sgd_due = (step - args.learning_starts) // args.train_frequency
-            while not run.stopped and sgd_due - learner.sgd_steps >= args.updates_per_call:
-                if not learner.step(step):  # the replay holds fewer than B rows yet
-                    break
+                # STORE: n-step rows, each leading to the real observation its last step reached
+                adder.add(group.actions, reward, next_obs, terminated, truncated, info)
+                group.send(actions)
+                step += n
+                rewards.append(reward)
+                dones.append(terminated | truncated)
 
-            run.log(step, reward, terminated | truncated, {"charts/epsilon": epsilon})
+                # LEARN: one SGD step per --train-frequency env steps, K fused per call
+                while not run.stopped and sgd_deficit(args, step, learner) >= args.updates_per_call:
+                    if not learner.step(step):  # the replay holds fewer than B rows yet
+                        break
+
+            scalars = {"charts/epsilon": epsilon, "perf/sgd_deficit": sgd_deficit(args, step, learner)}
+            run.log(step, np.concatenate(rewards), np.concatenate(dones), scalars)
             run.evaluate(step)
             run.checkpoint(step)
         return run.finish(step)
+
+
+def sgd_deficit(args: Args, step: int, learner: Learner) -> int:
+    """SGD steps the env steps call for (one per --train-frequency after --learning-starts) minus those done."""
+    return max(0, step - args.learning_starts) // args.train_frequency - learner.sgd_steps
 
 
 # ================================================================================================ THE SEAM
@@ -958,7 +1076,7 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
         while running.any():
             if stop:  # a signal arrived: the run checkpoints at once
                 return None
-            obs, reward, terminated, truncated, _ = envs.step(act(params, obs, epsilon, rng) + action_start)
+            obs, reward, terminated, truncated, _ = envs.step(np.asarray(act(params, obs, epsilon, rng)) + action_start)
             returns += reward * running
             running &= ~(terminated | truncated)
         return returns

@@ -40,7 +40,9 @@ def rollout(act, params, env_fn, episodes: int, epsilon: float, seed: int) -> tu
         obs, _ = envs.reset(seed=seed)
         returns, running, steps, rng = np.zeros(episodes), np.ones(episodes, bool), [], np.random.default_rng(seed)
         while running.any():
-            actions = act(params, obs, epsilon, rng) + int(envs.single_action_space.start)  # as the env takes them
+            actions = np.asarray(act(params, obs, epsilon, rng)) + int(
+                envs.single_action_space.start
+            )  # as the env takes
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             real = dqn.real_next_obs(next_obs, terminated | truncated, info)
             steps.append((running.copy(), obs, actions, reward, real, terminated, truncated))
