@@ -838,6 +838,18 @@ def make_act(q_apply, num_actions: int):
     return act
 
 
+def make_groups(env_fn, num_envs: int, cleanup) -> list:
+    """The training envs: two halves that step in turn, so that one half steps while the other's policy call and
+    store run, where the envs step in the background and their number is even (ale_py's: docs/design.md); else one."""
+    group = EnvGroup(env_fn(num_envs), 0)
+    if not group.background or num_envs % 2:
+        return [cleanup.enter_context(contextlib.closing(group))]
+    group.close()
+    return [
+        cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs // 2), i * num_envs // 2))) for i in (0, 1)
+    ]
+
+
 class EnvGroup:
     """Envs [first, first + n) of the run as one vector env: send(actions) starts their step, in the env's own
     threads where it steps in the background (ale_py's send/recv), and recv() returns it; `actions` are the
@@ -886,10 +898,8 @@ def train(args: Args, env_fn=None) -> dict:
         async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
-        # Two halves of the envs step in turn (an odd number: one group), so that one half steps while the
-        # other's policy call and store run (docs/design.md).
-        halves, n = (2, args.num_envs // 2) if args.num_envs % 2 == 0 else (1, args.num_envs)
-        groups = [cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(n), i * n))) for i in range(halves)]
+        groups = make_groups(env_fn, args.num_envs, cleanup)
+        n = groups[0].envs.num_envs
         space, num_actions = check_envs(groups[0].envs)
         network = make_network(args, space, num_actions)
         replay, nstep = make_replay(args, space, n)
