@@ -695,9 +695,12 @@ class Learner:
         init = functools.partial(init_train_state, network, optimizer, obs_shape)
         shapes = jax.eval_shape(init, jax.random.PRNGKey(args.seed))
         state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-        batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * 2 * int(np.prod(obs_shape)) * 4
-        frames = replay.frames
-        store = frames.capacity * frame_words(obs_shape[1:]) * 4 if frames is not None else 0
+        rows, frames = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size, replay.frames
+        batches = rows * 2 * int(np.prod(obs_shape)) * 4  # obs and next_obs as float32
+        store = 0
+        if frames is not None:  # slots cross; one call's pixels are gathered on the device
+            batches = rows * 2 * FRAME_STACK * 4 + args.updates_per_call * args.batch_size * 2 * int(np.prod(obs_shape))
+            store = frames.capacity * frame_words(obs_shape[1:]) * 4
         require_memory(3 * state_bytes + batches + store, "the network, its copies, the frames and the batches", True)
         self.state = jax.device_put(init(jax.random.PRNGKey(args.seed)), self.shardings.replicated)
         self.frames = DeviceFrames(frames, self.shardings.replicated) if frames is not None else None
