@@ -17,7 +17,8 @@ Update, on a minibatch of B transitions i, each spanning k_i <= n env steps:
   Each minibatch: one row from each 1/B of the priority mass (B.2.1). theta_target <- theta every
   --target-network-frequency SGD steps (a Polyak average if --tau < 1). --no-prioritized is alpha = 0.
   Acting: epsilon-greedy on the host CPU (Acme's split) with a copy of theta taken as each update call is
-  dispatched, so it lags the learner by at most K SGD steps while the envs step during that call.
+  dispatched: one call, K <= 128 SGD steps, behind. Envs that step in the background (ale_py's) go in two
+  halves, one stepping while the other's policy call and store run; an Atari replay's frames live on the device.
   Actions are indexes 0..n-1 in the network and the replay; an env with Discrete(n, start=s) gets s + index.
 
 Run
@@ -649,7 +650,7 @@ def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: 
         td = jnp.where(jnp.isfinite(optax.tree.norm(params)), td, jnp.nan)  # non-finite params: NaN priorities
         return TrainState(params, target, opt_state, steps), (loss, q_mean, td)
 
-    def update(state: TrainState, batches: dict, store):
+    def update(state: TrainState, batches: dict, store=None):
         if frame_shape is not None:
             batches = dict(batches)
             fresh = batches.pop("fresh")
@@ -659,7 +660,7 @@ def make_update(q_apply, optimizer, args: Args, shardings: "Shardings", unroll: 
         return state, {"losses/td_loss": loss.mean(), "losses/q_values": q_mean.mean()}, jnp.abs(td)
 
     whole, split = shardings
-    shardings = (whole, split, whole)
+    shardings = (whole, split) if frame_shape is None else (whole, split, whole)
     return jax.jit(update, donate_argnums=0, in_shardings=shardings, out_shardings=(whole, whole, split))
 
 
@@ -725,15 +726,15 @@ class Learner:
         start = time.perf_counter()
         batches, indexes, write_counts, oldest = self.batches.popleft().result()
         self.wait_seconds += time.perf_counter() - start
-        store = None
+        store = ()
         if self.frames is not None:  # rows whose frames the device overwrote since the draw: weight 0, no write-back
             fresh = oldest >= self.frames.push()
             write_counts = np.where(fresh.reshape(-1), write_counts, -1)
             self.stale_rows += fresh.size - int(fresh.sum())
             batches = dict(batches, fresh=jax.device_put(fresh.astype(np.float32), self.shardings.split))
-            store = self.frames.store
+            store = (self.frames.store,)
         self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act while call i runs
-        self.state, self.metrics, priorities = self.update(self.state, batches, store)
+        self.state, self.metrics, priorities = self.update(self.state, batches, *store)
         self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
             self.writes.popleft().result()  # raises the writer's error, e.g. divergence
@@ -842,15 +843,15 @@ def make_act(q_apply, num_actions: int):
 
 
 def make_groups(env_fn, num_envs: int, cleanup) -> list:
-    """The training envs: two halves that step in turn, so that one half steps while the other's policy call and
-    store run, where the envs step in the background and their number is even (ale_py's: docs/design.md); else one."""
-    group = EnvGroup(env_fn(num_envs), 0)
-    if not group.background or num_envs % 2:
-        return [cleanup.enter_context(contextlib.closing(group))]
-    group.close()
-    return [
-        cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs // 2), i * num_envs // 2))) for i in (0, 1)
-    ]
+    """The training envs: where they step in the background (ale_py's) and N is even, two halves that step in
+    turn, so that one half steps while the other's policy call and store run (docs/design.md); else one group."""
+    if num_envs % 2 == 0:
+        half = EnvGroup(env_fn(num_envs // 2), 0)
+        if half.background:
+            cleanup.enter_context(contextlib.closing(half))
+            return [half, cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs // 2), num_envs // 2)))]
+        half.close()
+    return [cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs), 0)))]
 
 
 class EnvGroup:

@@ -195,7 +195,7 @@ def test_sample_batches_ahead_delivers_every_call_in_order_and_stops_cleanly():
     for _ in range(50):
         while len(ahead) < prefetch:
             ahead.append(sampler.submit(learner.sample, 0.4))
-        batches, indexes, stamps = ahead.pop(0).result()
+        batches, indexes, stamps, _ = ahead.pop(0).result()
         assert batches["obs"].sharding == learner.shardings.split  # on the learner's device(s), split along B
         obs = np.asarray(batches["obs"])
         assert obs.shape == (k, b, 2) and np.asarray(batches["weights"]).shape == (k, b)

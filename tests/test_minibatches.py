@@ -50,7 +50,7 @@ class Replay:
             self.learner = self.new_learner(args)  # (its train state is not used here)
         out = self.learner.sample(self.beta)
         batches = {k: np.asarray(v) for k, v in out[0].items()}
-        return batches, out[1], (out[2] if len(out) == 3 else None)
+        return batches, out[1], (out[2] if len(out) >= 3 else None)  # DQN's 4th: frame rows' oldest frames
 
     def new_learner(self, args):
         if self.name == "bc_offline":

@@ -406,7 +406,7 @@ def test_learner_update_on_device_frames_equals_the_host_decoded_update():
             return jax.tree_util.tree_map(jnp.copy, learner.state)
 
         on_device = learner.update(state(), slots, learner.frames.store)
-        on_host = plain(state(), jax.device_put(pixels, split), None)
+        on_host = plain(state(), jax.device_put(pixels, split))
         np.testing.assert_allclose(np.asarray(on_device[2]), np.asarray(on_host[2]), rtol=1e-5, atol=1e-6)
         for name in ("losses/td_loss", "losses/q_values"):
             np.testing.assert_allclose(float(on_device[1][name]), float(on_host[1][name]), rtol=1e-5, atol=1e-7)
