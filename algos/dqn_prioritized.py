@@ -215,7 +215,8 @@ MINATAR_PRESET = dict(
     n_step=1,
     total_timesteps=5_000_000,
     num_envs=16,  # timed on a TPU against 1, 8 and 32; learned as the paper's 1 env did (docs/atari_minatar.md)
-    updates_per_call=128,  # 128 SGD steps a call: 8,533 SPS on a TPU v5e against 4,377 at 32 (docs/atari_minatar.md)
+    updates_per_call=128,  # on an accelerator: 8,129 SPS on a TPU v5e against 4,377 at 32; parse_args takes 32 on a
+    # CPU, where the K steps run 32 unrolled in a loop: 1,056 SPS against 562 at 128 on 2 cores (docs/atari_minatar.md)
     buffer_size=100_000,
     learning_starts=5_000,
     batch_size=32,
@@ -1457,7 +1458,10 @@ def parse_args(argv=None) -> Args:
     flags = {token.split("=")[0] for token in argv}
     fraction_typed = "--exploration-fraction" in flags and "--exploration-steps" not in flags
     fraction = {"exploration_steps": None} if fraction_typed else {}  # wins over a preset's or a run's steps
-    default = Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args()
+    values = dict(PRESETS.get(preset, {}))
+    if preset == "minatar" and jax.default_backend() == "cpu":  # the preset's K by device (MINATAR_PRESET)
+        values["updates_per_call"] = 32
+    default = Args(preset=preset, **values) if preset in PRESETS else Args()
     typed = tyro.cli(Args, args=argv, default=dataclasses.replace(default, **fraction))
     if typed.resume is None:
         return typed
