@@ -831,14 +831,15 @@ def actor_copy(params, device):
 def make_act(q_apply, num_actions: int):
     """(params, obs[N], epsilon, numpy rng) -> actions[N], epsilon-greedy; the network runs only if one is greedy.
     On an accelerator the actions return as a device array still being computed: np.asarray waits for them."""
-
-    @jax.jit
-    def epsilon_greedy(params, obs, explore, random):
-        return jnp.where(explore, random, jnp.argmax(q_apply(params, obs), axis=-1))
+    greedy = jax.jit(lambda params, obs: jnp.argmax(q_apply(params, obs), axis=-1))
+    mixed = jax.jit(lambda params, obs, explore, random: jnp.where(explore, random, greedy(params, obs)))
 
     def act(params, obs, epsilon, rng):
-        explore, random = rng.random(len(obs)) < epsilon, rng.integers(num_actions, size=len(obs))
-        return random if explore.all() else epsilon_greedy(params, obs, explore, random)
+        explore = rng.random(len(obs)) < epsilon
+        if not explore.any():
+            return greedy(params, obs)
+        random = rng.integers(num_actions, size=len(obs))
+        return random if explore.all() else mixed(params, obs, explore, random)
 
     return act
 
