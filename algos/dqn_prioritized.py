@@ -456,8 +456,9 @@ class PrioritizedReplay:
         stratified over the whole priority mass (Schaul et al. 2016, B.2.1): one row from each 1/B of it. cpprb
         stratifies one draw of K*B rows into K*B ranges, K in each 1/B; each 1/B's K rows are dealt out to the K
         minibatches in random order, so a minibatch's row there is uniform over that 1/B. A frame row overwritten
-        since its insert gets weight 0 and no write-back (decode=False: frame rows keep their frame numbers, the
-        learner gathers them on its device). Rows add() still stages are not drawn until flush()."""
+        since its insert gets weight 0 and no write-back (the tests' and tools' path; decode=False, the learner's:
+        frame rows keep their frame numbers, gathered on its device). Rows add() still stages are not drawn until
+        flush()."""
         k, b = num_batches, batch_size
         deal = self.rng.permuted(np.arange(k * b).reshape(b, k), axis=1).T.reshape(-1)  # [K, B]: row of the draw
         with self.lock:
@@ -587,7 +588,9 @@ def make_replay(args: Args, obs_space: gym.spaces.Box, num_envs=None) -> Tuple[P
     frame = int(np.prod(obs_space.shape[1:])) * 1.1 if pixels else 0  # the FrameStore keeps 1.1 x the buffer
     row_bytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize + frame + 64  # + action, reward, priorities, trees
     require_memory(args.buffer_size * row_bytes, f"--buffer-size {args.buffer_size}")
-    frames = FrameStore(args.buffer_size, args.num_envs, obs_space.shape[1:]) if pixels else None
+    in_flight = 2 * (args.prefetch_size + 1) * args.updates_per_call * args.train_frequency  # frames written while a
+    ring = args.buffer_size + in_flight  # draw waits for its call (a step writes 1, a reset 2): stale at use otherwise
+    frames = FrameStore(ring, args.num_envs, obs_space.shape[1:]) if pixels else None
     alpha = args.per_alpha if args.prioritized else 0.0
     replay = PrioritizedReplay(args.buffer_size, obs_space.shape, obs_space.dtype, alpha, args.per_eps, frames)
     n = num_envs or args.num_envs
@@ -734,7 +737,7 @@ class Learner:
             self.stale_rows += fresh.size - int(fresh.sum())
             batches = dict(batches, fresh=jax.device_put(fresh.astype(np.float32), self.shardings.split))
             store = (self.frames.store,)
-        self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act while call i runs
+        self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act until call i+1
         self.state, self.metrics, priorities = self.update(self.state, batches, *store)
         self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
@@ -847,13 +850,19 @@ def make_act(q_apply, num_actions: int):
 def make_groups(env_fn, num_envs: int, cleanup) -> list:
     """The training envs: where they step in the background (ale_py's) and N is even, two halves that step in
     turn, so that one half steps while the other's policy call and store run (docs/design.md); else one group."""
+
+    def group(n: int, first: int) -> EnvGroup:
+        envs = cleanup.enter_context(contextlib.closing(env_fn(n)))
+        check_envs(envs)
+        require(getattr(envs, "num_envs", None) == n, f"env_fn({n}) made {getattr(envs, 'num_envs', None)} envs")
+        return EnvGroup(envs, first)
+
     if num_envs % 2 == 0:
-        half = EnvGroup(env_fn(num_envs // 2), 0)
+        half = group(num_envs // 2, 0)
         if half.background:
-            cleanup.enter_context(contextlib.closing(half))
-            return [half, cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs // 2), num_envs // 2)))]
-        half.close()
-    return [cleanup.enter_context(contextlib.closing(EnvGroup(env_fn(num_envs), 0)))]
+            return [half, group(num_envs // 2, num_envs // 2)]
+        half.envs.close()  # closed again on the way out: gymnasium's and ale_py's close twice safely
+    return [group(num_envs, 0)]
 
 
 class EnvGroup:
@@ -875,10 +884,9 @@ class EnvGroup:
         self.in_flight = False
         return self.envs.recv() if self.background else self.envs.step(self.actions + self.action_start)
 
-    def close(self) -> None:
+    def drain(self) -> None:
         if self.background and self.in_flight:  # a step in flight ends before the env closes
             self.recv()
-        self.envs.close()
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -905,6 +913,8 @@ def train(args: Args, env_fn=None) -> dict:
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
         groups = make_groups(env_fn, args.num_envs, cleanup)
+        for group in groups:
+            cleanup.callback(group.drain)  # before the envs close
         n = groups[0].envs.num_envs
         space, num_actions = check_envs(groups[0].envs)
         network = make_network(args, space, num_actions)
@@ -1459,13 +1469,11 @@ def parse_args(argv=None) -> Args:
     flags = {token.split("=")[0] for token in argv}
     fraction_typed = "--exploration-fraction" in flags and "--exploration-steps" not in flags
     fraction = {"exploration_steps": None} if fraction_typed else {}  # wins over a preset's or a run's steps
-    values = dict(PRESETS.get(preset, {}))
-    if preset == "minatar" and jax.default_backend() == "cpu":  # the preset's K by device (MINATAR_PRESET)
-        values["updates_per_call"] = 32
-    default = Args(preset=preset, **values) if preset in PRESETS else Args()
+    default = Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args()
     typed = tyro.cli(Args, args=argv, default=dataclasses.replace(default, **fraction))
     if typed.resume is None:
-        return typed
+        by_device = typed.preset == "minatar" and "--updates-per-call" not in flags and jax.default_backend() == "cpu"
+        return dataclasses.replace(typed, updates_per_call=32) if by_device else typed  # MINATAR_PRESET's K on a CPU
     path = os.path.join(typed.resume, "args.json")
     require(os.path.isfile(path), f"--resume {typed.resume}: no args.json there (not a run folder of {SCRIPT}.py)")
     try:
