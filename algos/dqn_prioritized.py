@@ -186,8 +186,8 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
-    num_envs=32,  # two halves of 16 stepped in turn, the policy on the learner's device: fastest on a TPU v5e
-    actor_device="learner",  # (its Nature CNN for 16 envs: 1.4 ms a call there; docs/atari_minatar.md)
+    num_envs=32,  # two halves of 16 stepped in turn: 32 outran 16 on a TPU v5e (docs/atari_minatar.md)
+    actor_device="learner",  # the Nature CNN for 16 envs: a 1.4 ms round trip there, beside 13 cores of emulators
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
     anneal_lr=False,

@@ -38,6 +38,12 @@ from test_actor import check_schedule, record_acting
 dqn = load_script("dqn_prioritized")
 
 
+def small_args(tmp_path, **flags):
+    """A tiny run into tmp_path/run: no checkpoints, one evaluation episode after the loop."""
+    quiet = dict(buffer_size=1000, eval_every=10**6, eval_episodes=1, checkpoint_every=0, log_every=50)
+    return dqn.Args(**quiet, run_dir=str(tmp_path / "run"), **flags)
+
+
 # ------------------------------------------------------------------------------ DEVICE FRAMES
 
 
@@ -298,23 +304,8 @@ def run_streams(monkeypatch, tmp_path, image_shape, lives, background, **flags):
 
     monkeypatch.setattr(dqn, "make_replay", make_replay)
     seed = 3
-    args = dqn.Args(
-        env_id="Streams",
-        seed=seed,
-        num_envs=4,
-        n_step=3,
-        gamma=0.9,
-        total_timesteps=200,
-        buffer_size=1000,
-        batch_size=16,
-        hidden_sizes=(8,),
-        eval_every=10**6,
-        eval_episodes=1,
-        checkpoint_every=0,
-        log_every=50,
-        run_dir=str(tmp_path / "run"),
-        **flags,
-    )
+    shape = dict(env_id="Streams", seed=seed, num_envs=4, n_step=3, gamma=0.9, hidden_sizes=(8,), batch_size=16)
+    args = small_args(tmp_path, total_timesteps=200, **shape, **flags)
     summary = dqn.train(args, env_fn)
     base = dqn.env_seed(seed, 0, 1)  # env i: seed base + i, whichever half holds it
     training = [envs for envs in made if any(base <= s.seed < base + 4 for s in envs.streams)]
@@ -483,21 +474,8 @@ def test_sgd_steps_keep_to_the_replay_ratio_after_each_halfs_store(num_envs, k, 
     monkeypatch.setattr(dqn, "Learner", Learner)
     monkeypatch.setattr(dqn.Adder, "add", add)
     ls, tf = 64, 2
-    args = dqn.Args(
-        num_envs=num_envs,
-        updates_per_call=k,
-        hidden_sizes=(16,),
-        batch_size=16,
-        learning_starts=ls,
-        train_frequency=tf,
-        buffer_size=1000,
-        total_timesteps=600,
-        eval_every=10**6,
-        eval_episodes=1,
-        checkpoint_every=0,
-        log_every=50,
-        run_dir=str(tmp_path / "run"),
-    )
+    shape = dict(num_envs=num_envs, updates_per_call=k, hidden_sizes=(16,), batch_size=16)
+    args = small_args(tmp_path, learning_starts=ls, train_frequency=tf, total_timesteps=600, **shape)
     summary = dqn.train(args, cartpole_in_background)
     final = summary["global_step"]
     assert summary["sgd_steps"] == k * ((max(0, final - ls) // tf) // k) > 0
