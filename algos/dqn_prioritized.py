@@ -186,8 +186,8 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
-    num_envs=32,  # two halves of 16 stepped in turn: 32 outran 16 on a TPU v5e (docs/atari_minatar.md)
-    actor_device="learner",  # the Nature CNN for 16 envs: a 1.4 ms round trip there, beside 13 cores of emulators
+    num_envs=64,  # two halves of 32 stepped in turn: half the policy calls of 32 envs, 1.17x on a TPU v5e (docs/)
+    actor_device="learner",  # the Nature CNN for a half: a 1.5 ms round trip there, beside 13 cores of emulators
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
     anneal_lr=False,
@@ -215,8 +215,7 @@ MINATAR_PRESET = dict(
     n_step=1,
     total_timesteps=5_000_000,
     num_envs=16,  # timed on a TPU against 1, 8 and 32; learned as the paper's 1 env did (docs/atari_minatar.md)
-    updates_per_call=128,  # on an accelerator: 8,129 SPS on a TPU v5e against 4,377 at 32; parse_args takes 32 on a
-    # CPU, where the K steps run 32 unrolled in a loop: 1,056 SPS against 562 at 128 on 2 cores (docs/atari_minatar.md)
+    updates_per_call=32,  # 128 ran twice as fast on a TPU v5e but learned less (docs/atari_minatar.md: Tried)
     buffer_size=100_000,
     learning_starts=5_000,
     batch_size=32,
@@ -1472,8 +1471,7 @@ def parse_args(argv=None) -> Args:
     default = Args(preset=preset, **PRESETS[preset]) if preset in PRESETS else Args()
     typed = tyro.cli(Args, args=argv, default=dataclasses.replace(default, **fraction))
     if typed.resume is None:
-        by_device = typed.preset == "minatar" and "--updates-per-call" not in flags and jax.default_backend() == "cpu"
-        return dataclasses.replace(typed, updates_per_call=32) if by_device else typed  # MINATAR_PRESET's K on a CPU
+        return typed
     path = os.path.join(typed.resume, "args.json")
     require(os.path.isfile(path), f"--resume {typed.resume}: no args.json there (not a run folder of {SCRIPT}.py)")
     try:

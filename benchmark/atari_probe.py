@@ -47,7 +47,8 @@ def env_limit(env_id, n, steps, groups):
             done += n // groups
     seconds = time.perf_counter() - start
     for e in envs:
-        e.close()
+        e.drain()
+        e.envs.close()
     emit(piece="envs", env_id=env_id, num_envs=n, groups=groups, steps=done, sps=round(done / seconds))
     return round(done / seconds)
 

@@ -321,7 +321,7 @@ def test_cnn_end_to_end_on_a_real_ale_game_with_resume(tmp_path, monkeypatch):
         learning_starts=200,
         batch_size=16,
         updates_per_call=4,
-        num_envs=16,  # two halves of 8 (the preset's 32: slower on 2 cores)
+        num_envs=16,  # two halves of 8 (the preset's 64: slower on 2 cores)
         eval_episodes=1,
         eval_every=10_000,
         log_every=100,
