@@ -151,6 +151,12 @@ class Args:
     """run folder to continue: its flags, overridden by those typed here; writes there"""
     capture_video: bool = False
     """film the first episode of each evaluation into RUN_DIR/videos (needs moviepy)"""
+    track: bool = False
+    """stream the scalars and the evaluations' films to Weights & Biases while the run runs (needs wandb)"""
+    wandb_project_name: str = "cleanRL"
+    """the W&B project of --track"""
+    wandb_entity: Optional[str] = None
+    """the W&B team or user of --track (default: the logged-in user)"""
 
     __pydantic_config__ = pydantic.ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")  # no flag ignored
 
@@ -822,8 +828,6 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
 
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (maybe hostile) in their types and ranges, or one ConfigError naming the first bad one."""
-    if isinstance(saved, dict):  # flags an earlier version wrote (W&B is tools/wandb_upload.py's now)
-        saved = {k: v for k, v in saved.items() if k not in ("track", "wandb_project_name", "wandb_entity")}
     text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
     prefix = f"{where}: " if where else ""
     try:
@@ -845,10 +849,47 @@ def check_args(args: Args) -> Args:
         args.capture_video and __import__("moviepy")
     except ImportError:
         raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
+    try:
+        args.track and __import__("wandb")
+    except ImportError:
+        raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
+
+
+# >>> shared: tracking (each script that holds it holds this text: tests/test_shared.py)
+def wandb_run(run_dir: str, args):
+    """--track, as CleanRL's: a W&B run streamed while this one runs (each scalar as it is written, the
+    evaluations' films), named and keyed by the run folder, so that a --resume continues it; the flags its config.
+    wandb writes its files where it does for CleanRL (WANDB_DIR, else ./wandb), not into the run folder."""
+    if not args.track:
+        return None
+    import wandb
+
+    name = os.path.basename(os.path.abspath(run_dir))
+    run_id = "".join(c if c.isalnum() or c in "_-" else "-" for c in name)[-64:]
+    config = dataclasses.asdict(args)
+    project, entity = args.wandb_project_name, args.wandb_entity
+    flush = wandb.Settings(x_transaction_log_flush_interval=0.25)  # its run file each 0.25 s (15 s): a kill loses less
+    run = wandb.init(
+        project=project, entity=entity, name=name, id=run_id, config=config, resume="allow", settings=flush
+    )
+    run.define_metric("*", step_metric="global_step")  # a resume's redone steps are logged again at their step
+    return run
+
+
+def wandb_film(run, video, step: int) -> None:
+    """An evaluation's film (its first episode's, as RecordVideo names it) into the W&B run, at its step."""
+    path = os.path.join(video[0], f"{video[1]}-episode-0.mp4") if video else None
+    if run is not None and path and os.path.isfile(path):
+        import wandb
+
+        run.log({"videos/eval": wandb.Video(path, format="mp4"), "global_step": step})
+
+
+# <<< shared: tracking
 
 
 # >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
@@ -873,10 +914,13 @@ class Logger:
             kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
             rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
+        self.wandb = wandb_run(run_dir, args)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
         self.writer.write(self.event(wall_time=time.time(), step=int(step), summary=summary).SerializeToString())
+        if self.wandb is not None:
+            self.wandb.log({**{k: float(v) for k, v in values.items()}, "global_step": int(step)})
 
     def eval(self, step: int, returns: np.ndarray) -> None:
         self.scalars(step, {"eval/episodic_return": returns.mean(), "eval/episodic_return_std": returns.std()})
@@ -888,6 +932,8 @@ class Logger:
 
     def close(self) -> None:
         self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def open_run_dir(args: Args) -> str:
@@ -997,6 +1043,7 @@ class Run:
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns)
+            wandb_film(self.logger.wandb, video, step)
         self.cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
         return returns
 

@@ -6,15 +6,19 @@ import csv
 import functools
 import glob
 import io
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import types
 
 import imageio.v3 as iio
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import ROOT, load_script, load_tool
 
@@ -126,6 +130,66 @@ def read_eval(run_dir):
         return {int(r["step"]): float(r["mean"]) for r in csv.DictReader(f)}
 
 
+class StandInWandb(types.ModuleType):
+    """wandb's API as the scripts call it with --track, recording the calls."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.calls = {"log": [], "finished": 0}
+        self.Video = lambda path, format: types.SimpleNamespace(path=path, format=format)
+        self.Settings = dict
+
+    def init(self, **kwargs):
+        self.calls["init"] = kwargs
+        return self
+
+    def define_metric(self, name, step_metric):
+        self.calls["metric"] = (name, step_metric)
+
+    def log(self, row):
+        self.calls["log"].append(row)
+
+    def finish(self):
+        self.calls["finished"] += 1
+
+
+def tensorboard_scalars(run_dir, wall_time=False):
+    """[(step, tag, value)] (with wall_time: [(step, tag, wall time)]) of the run folder's event files, in order."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+        for event in EventFileLoader(path).Load():
+            for v in event.summary.value:
+                rows.append((event.step, v.tag, event.wall_time if wall_time else make_ndarray(v.tensor).item()))
+    return rows
+
+
+def wandb_history(path):
+    """The history rows of an offline W&B run file: leveldb-log records (blocks of 32 KiB, a 7-byte header
+    each: CRC, length, kind) of wandb's protobuf Record, after the file's 7-byte header."""
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B", data[:8]
+    rows, pos, part = [], 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or its last piece
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            part = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
 def test_a_cartpole_evaluation_is_filmed_frame_by_frame(tmp_path):
     """RecordVideo films the reset frame and one frame per step of the first episode of sub-env 0;
     CartPole's return is its length. (Uniformly random actions: an episode of 15-206 steps, which the
@@ -151,8 +215,25 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
     monkeypatch.setattr(sys, "stderr", terminal)  # tqdm writes to stderr: one terminal shows both streams
-    assert module.cli(fast + ["--capture-video", "--run-dir", run_dir]) == 0
+    wandb = StandInWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    assert module.cli(fast + ["--capture-video", "--track", "--wandb-entity", "me", "--run-dir", run_dir]) == 0
     monkeypatch.undo()
+    # --track: W&B got each scalar tensorboard got, at its step, as it was written, and each film at its step.
+    init, rows = wandb.calls["init"], wandb.calls["log"]
+    assert (init["project"], init["entity"], init["name"], init["id"]) == ("cleanRL", "me", "run", "run")
+    assert init["resume"] == "allow" and init["config"]["capture_video"] and "dir" not in init
+    assert init["settings"] == {"x_transaction_log_flush_interval": 0.25}
+    assert wandb.calls["metric"] == ("*", "global_step") and wandb.calls["finished"] == 1
+    logged = [
+        (row["global_step"], tag, v)
+        for row in rows
+        for tag, v in row.items()
+        if tag not in ("global_step", "videos/eval")
+    ]
+    assert logged == [(s, t, pytest.approx(v)) for s, t, v in tensorboard_scalars(run_dir)]
+    films = [(row["global_step"], os.path.basename(row["videos/eval"].path)) for row in rows if "videos/eval" in row]
+    assert films == [(int(re.search(r"-(\d+)-episode", v).group(1)), v) for v in videos]
     # One video per evaluation plus the final one, each a readable MP4 of the env's frames.
     assert sorted(os.listdir(os.path.join(run_dir, "videos"))) == videos
     render_size = (400, 600, 3) if name == "dqn" else (500, 500, 3)  # CartPole, Pendulum
@@ -222,10 +303,20 @@ def test_capture_video_without_moviepy_is_one_line_before_training(name, tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install moviepy" in err and "--capture-video" in err, err
     assert not run_dir.exists()  # refused before anything ran
-    # A saved run's flags do not ask for the package (a model for --eval-only, or for DQN's
-    # tools/dqn_evaluate.py). An earlier version's W&B flags are dropped, not refused (a resume of its runs).
+    # A saved run's flags do not ask for the packages (a model for --eval-only, or for DQN's tools/dqn_evaluate.py).
     args = module.args_from_json({"capture_video": True, "track": True, "wandb_entity": "me"}, "model.npz")
-    assert args.capture_video and not hasattr(args, "track")
+    assert args.capture_video and args.track and args.wandb_entity == "me"
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_track_without_wandb_is_one_line_before_training(name, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    module, fast, _, _ = RUNS[name]
+    run_dir = tmp_path / "run"
+    assert module.cli(fast + ["--track", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install wandb" in err and "--track" in err, err
+    assert not run_dir.exists()
 
 
 def test_wandb_upload_sends_the_scalars_flags_and_videos(tmp_path, monkeypatch):
@@ -287,8 +378,60 @@ def test_wandb_upload_sends_the_scalars_flags_and_videos(tmp_path, monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
     assert upload(run_dir, "test-project") == "CartPole-v1__dqn__1__123"
-    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-CartPole-v1__dqn__1__123.wandb"))
-    assert len(files) == 1 and os.path.getsize(files[0]) > 0, os.listdir(run_dir)
+    files = glob.glob(str(tmp_path / "wandb" / "wandb" / "offline-run-*" / "run-CartPole-v1__dqn__1__123.wandb"))
+    assert len(files) == 1 and os.path.getsize(files[0]) > 0, os.listdir(tmp_path / "wandb")
+    assert "wandb" not in os.listdir(run_dir)  # wandb's files (and its latest-run symlink) stay out of the run folder
+
+
+def test_track_streams_to_wandb_while_the_run_runs_and_a_resume_continues_the_same_run(tmp_path):
+    """DQN with --capture-video --track, W&B offline, killed by SIGKILL mid-run: the W&B run already holds every
+    charts/SPS tick tensorboard got half a second (two of wandb's file flushes) before the kill, none out of order;
+    --resume continues the same W&B run (the folder's name its id) to the end, with its films."""
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    env.pop("WANDB_SERVICE", None)  # this process's wandb service, if a test started one, is not the runs'
+    env.update(
+        {f"WANDB_{k}_DIR" if k else "WANDB_DIR": str(tmp_path / f"w{k}") for k in ("", "CONFIG", "CACHE", "DATA")}
+    )
+    run_dir = str(tmp_path / "CartPole-v1__dqn__1__456")
+    _, fast, _, _ = RUNS["dqn"]
+    script = [sys.executable, os.path.join(ROOT, "algos", "dqn_prioritized.py"), *fast, "--capture-video", "--track"]
+    long = ["--total-timesteps", "1000000", "--checkpoint-every", "1000", "--eval-every", "1000000"]
+    run = subprocess.Popen([*script, *long, "--run-dir", run_dir], env=env, stdout=subprocess.DEVNULL)
+
+    def ticks():  # (step, wall time) of each charts/SPS tensorboard got
+        found = tensorboard_scalars(run_dir, wall_time=True) if os.path.isdir(run_dir) else []
+        return [(step, wall) for step, tag, wall in found if tag == "charts/SPS"]
+
+    deadline = time.time() + 240
+    while time.time() < deadline and run.poll() is None:
+        if len(ticks()) >= 4 and os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # mid-run
+    killed_at = time.time()
+    run.kill()
+    assert run.wait(timeout=60) == -signal.SIGKILL
+    time.sleep(2.0)  # wandb's own process writes what it has, then ends
+    first = glob.glob(str(tmp_path / "w" / "wandb" / "offline-run-*-CartPole-v1__dqn__1__456" / "*.wandb"))
+    assert len(first) == 1
+    streamed = [row["global_step"] for row in wandb_history(first[0]) if "charts/SPS" in row]
+    written = [step for step, _ in ticks()]
+    due = [step for step, wall in ticks() if wall <= killed_at - 0.5]
+    assert streamed == written[: len(streamed)] and len(streamed) >= len(due) >= 4, (streamed, written, due)
+    # --resume: the same W&B run, from the checkpoint to the end, the final evaluation filmed.
+    saved = dqn.load_npz(run_dir, "checkpoint")[0]["global_step"]
+    total = saved + 1500
+    resumed = subprocess.run(
+        [*script, "--resume", run_dir, "--total-timesteps", str(total)], env=env, capture_output=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    files = sorted(glob.glob(str(tmp_path / "w" / "wandb" / "offline-run-*-CartPole-v1__dqn__1__456" / "*.wandb")))
+    assert len(files) == 2 and first[0] in files
+    rows = wandb_history(next(f for f in files if f != first[0]))
+    assert [row["global_step"] for row in rows if "charts/SPS" in row][-1] == total
+    films = [row["global_step"] for row in rows if row.get("videos/eval/_type") == "video-file"]
+    assert films == [step for step in range(saved + 1, total) if step % 1000 == 0] + [total]  # --eval-every 1000
+    assert not any(os.path.islink(os.path.join(run_dir, name)) for name in os.listdir(run_dir))
 
 
 def run_on_a_full_disk(tmp_path, monkeypatch, module):
@@ -316,3 +459,23 @@ def test_plot_run_on_a_full_disk_fails_and_leaves_no_temp_file(tmp_path, monkeyp
     monkeypatch.undo()  # without the fault: the picture (no events here: an empty right panel)
     assert plot.write_curve(str(run_dir)) == str(run_dir / "curve.png")
     assert sorted(os.listdir(run_dir)) == ["curve.png", "eval.csv"]
+
+
+def test_apex_logger_streams_each_scalar_to_wandb_with_track(tmp_path, monkeypatch):
+    """Ape-X's own Logger (its runs need Ray: tests/test_apex.py) sends W&B what it writes to tensorboard."""
+    apex = load_script("apex_dqn")
+    wandb = StandInWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    run_dir = tmp_path / "CartPole-v1__apex_dqn__1__7"
+    run_dir.mkdir()
+    args = apex.Args(track=True, wandb_project_name="p", run_dir=str(run_dir))
+    logger = apex.Logger(str(run_dir), args)
+    logger.scalars(100, {"charts/SPS": 5.0})
+    logger.eval(200, np.array([1.0, 3.0]))
+    logger.close()
+    assert (wandb.calls["init"]["project"], wandb.calls["init"]["id"]) == ("p", "CartPole-v1__apex_dqn__1__7")
+    assert wandb.calls["log"] == [
+        {"charts/SPS": 5.0, "global_step": 100},
+        {"eval/episodic_return": 2.0, "eval/episodic_return_std": 1.0, "global_step": 200},
+    ]
+    assert wandb.calls["finished"] == 1 and tensorboard_scalars(str(run_dir))[0] == (100, "charts/SPS", 5.0)

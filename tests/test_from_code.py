@@ -50,18 +50,26 @@ def test_ctrl_c_in_train_called_from_code_checkpoints_then_raises_keyboard_inter
     script, env_id = SCRIPTS[name]
     Counting.steps, Counting.interrupt_at, Counting.times = 0, 300, 1
     ran = []
-    with pytest.raises(KeyboardInterrupt):
-        for seed in (1, 2):
-            ran.append(seed)
-            script.train(
-                script.Args(env_id=env_id, seed=seed, run_dir=str(tmp_path / f"seed{seed}"), **SMALL),
-                lambda n, video=None: Counting(vector_env(env_id, n)),
-            )
+
+    def callers_handler(signum, frame):  # the caller's own (SIG_IGN in a background job, default_int_handler else)
+        raise AssertionError("the caller's handler ran during train()")
+
+    before = signal.signal(signal.SIGINT, callers_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for seed in (1, 2):
+                ran.append(seed)
+                script.train(
+                    script.Args(env_id=env_id, seed=seed, run_dir=str(tmp_path / f"seed{seed}"), **SMALL),
+                    lambda n, video=None: Counting(vector_env(env_id, n)),
+                )
+        assert signal.getsignal(signal.SIGINT) is callers_handler  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert ran == [1]
     meta, _ = script.load_npz(str(tmp_path / "seed1"), "checkpoint")
     assert meta["global_step"] == 300  # checkpointed where it stopped
     assert f"continue with --resume {tmp_path / 'seed1'}" in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -8,7 +8,11 @@ import re
 from helpers import ROOT
 
 SCRIPTS = ("dqn_prioritized", "sac", "bc_offline", "apex_dqn")
-HOLDERS = {"files": set(SCRIPTS), "harness": {"dqn_prioritized", "sac"}}  # which scripts hold each region
+HOLDERS = {
+    "files": set(SCRIPTS),
+    "tracking": set(SCRIPTS),
+    "harness": {"dqn_prioritized", "sac"},
+}  # which scripts hold each region
 MARKER = re.compile(r"^# (>>>|<<<) shared: (\w+)")
 
 

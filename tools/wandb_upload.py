@@ -1,7 +1,9 @@
 """Upload a run folder to Weights & Biases: its flags (args.json) as the config, every tensorboard scalar
-at its global step, and the evaluation videos (videos/*-step-N-episode-0.mp4) at theirs. The scripts
-write no W&B themselves: this reads what any run of any of them wrote, during the run or after it.
-The W&B run's id is the folder's name, so a second upload of the same folder goes to the same run.
+at its global step, and the evaluation videos (videos/*-step-N-episode-0.mp4) at theirs. It reads what any
+run of any of the scripts wrote, during the run or after it.
+The W&B run's id is the folder's name, so a second upload of the same folder goes to the same run (and so
+does a run with --track: this tool is for folders written without it). wandb's files go to WANDB_DIR, else
+./wandb, never into the run folder (a symlink there would stop its --resume).
 
     python tools/wandb_upload.py runs/<run> --project jax-offpolicy-rl [--entity TEAM]
     WANDB_MODE=offline python tools/wandb_upload.py runs/<run>   # no login; `wandb sync` uploads it later
@@ -38,7 +40,7 @@ def upload(run_dir: str, project: str, entity=None) -> str:
         rows[step]["videos/eval"] = wandb.Video(video, format="mp4")
     name = os.path.basename(os.path.abspath(run_dir))
     run_id = re.sub(r"[^A-Za-z0-9_-]", "-", name)[-64:]
-    run = wandb.init(project=project, entity=entity, dir=run_dir, name=name, id=run_id, config=config, resume="allow")
+    run = wandb.init(project=project, entity=entity, name=name, id=run_id, config=config, resume="allow")
     run.define_metric("*", step_metric="global_step")
     for step in sorted(rows):
         run.log({**rows[step], "global_step": step})
