@@ -1010,9 +1010,11 @@ def train(args: Args) -> dict:
         args.track and __import__("wandb")
     except ImportError:
         raise ConfigError("--track needs wandb: pip install wandb") from None
-    jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
     env_fn = functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
+        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
         with contextlib.closing(env_fn(1)) as probe:
             num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
         network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
@@ -1219,7 +1221,8 @@ def parse_args(argv=None) -> Args:
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=saved)
-    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, ray_address=typed.ray_address)
+    sent = dict(track=typed.track, wandb_project_name=typed.wandb_project_name, wandb_entity=typed.wandb_entity)
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, ray_address=typed.ray_address, **sent)
     confirmed = ":" not in args.env_id or args.env_id == typed.env_id  # "module:Env" imports a module
     require(confirmed, f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm")
     return args

@@ -1023,7 +1023,8 @@ def parse_args(argv=None) -> Args:
     require(ours, f"--resume {typed.resume}: not a run of {SCRIPT}.py")
     args = tyro.cli(Args, args=argv, default=args_from_json(saved.get("args"), path))
     dataset = typed.dataset or args.dataset  # typed files replace the run's (tyro would append)
-    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, dataset=dataset)
+    sent = dict(track=typed.track, wandb_project_name=typed.wandb_project_name, wandb_entity=typed.wandb_entity)
+    return dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, dataset=dataset, **sent)  # W&B: typed
 
 
 def cli(argv=None) -> int:

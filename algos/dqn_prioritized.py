@@ -482,7 +482,8 @@ class PrioritizedReplay:
             batch["next_obs"], next_ok = self.frames.read(batch["next_obs"])
             stale = ~(obs_ok & next_ok)
             batch["weights"][stale], write_counts[stale.reshape(-1)] = 0.0, -1
-            self.stale_rows += int(stale.sum())
+            with self.lock:  # the count's owner is the replay: read on another thread than the one drawing
+                self.stale_rows += int(stale.sum())
         return batch, indexes, write_counts
 
     def __len__(self) -> int:
@@ -721,7 +722,8 @@ class Learner:
         self.writer = concurrent.futures.ThreadPoolExecutor(1, "priority-writer")
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
         self.metrics, self.wait_seconds, self.learn_seconds = {}, 0.0, 0.0
-        self.load_state_dict(None, "")
+        self.sgd_steps, self.stale_rows = 0, 0  # SGD steps done (the train state's count), frame rows gone stale
+        self.actor_params = actor_copy(self.state.params, self.actor)  # the params that act (one call behind)
 
     def step(self, env_step: int) -> bool:
         """K SGD steps in one call on batches sampled ahead; False, and nothing done, while the replay holds
@@ -797,12 +799,11 @@ class Learner:
             self.writes.popleft().result()
         return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
 
-    def load_state_dict(self, arrays: Optional[dict], path: str) -> None:
+    def load_state_dict(self, arrays: dict, path: str) -> None:
         """A checkpoint's checked train state (one copy, whatever number of devices wrote it) and replay."""
-        if arrays is not None:
-            state = restore_tree(self.state, arrays, "train_state/", path)
-            self.state = jax.device_put(state, self.shardings.replicated)
-            self.replay.load_state_dict(arrays, path, self.num_actions)
+        state = restore_tree(self.state, arrays, "train_state/", path)
+        self.state = jax.device_put(state, self.shardings.replicated)
+        self.replay.load_state_dict(arrays, path, self.num_actions)
         self.sgd_steps, self.stale_rows = int(self.state.sgd_steps), 0
         if self.frames is not None:
             self.frames.pushed = 0  # the next push copies the whole ring
@@ -930,7 +931,7 @@ def train(args: Args, env_fn=None) -> dict:
         spaces = (groups[0].envs.single_observation_space, groups[0].envs.single_action_space)
         play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
         run = Run(args, learner, env_fn, spaces, play, cleanup)
-        step, life_loss = run.step, args.terminal_on_life_loss
+        step, life_loss = run.start_step, args.terminal_on_life_loss
         adders = [Adder(replay, copy.deepcopy(nstep), life_loss, g.slice) for g in groups]  # an assembler each
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_horizon(args), step)
@@ -1349,7 +1350,7 @@ class Run:
 
     def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
         self.args, self.learner, self.play = args, learner, play
-        self.dir, self.step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
+        self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
             with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
@@ -1358,23 +1359,27 @@ class Run:
         except TypeError as e:
             raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
         if args.resume:
-            self.step, self.episodes, self.cut_short = load_checkpoint(self.dir, learner, args.total_timesteps)
+            self.start_step, self.episodes, self.cut_short = load_checkpoint(self.dir, learner, args.total_timesteps)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
-        resumed_at = (self.step if self.step < args.total_timesteps else self.step - 1) if args.resume else None
+        resumed_at = (
+            (self.start_step if self.start_step < args.total_timesteps else self.start_step - 1)
+            if args.resume
+            else None
+        )
         self.logger = Logger(self.dir, args, resumed_at)
         cleanup.callback(self.logger.close)
         self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
         saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
         write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
-        progress = tqdm.tqdm(total=args.total_timesteps, initial=self.step, unit="step", disable=None)
+        progress = tqdm.tqdm(total=args.total_timesteps, initial=self.start_step, unit="step", disable=None)
         self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
         every = (args.log_every, args.eval_every, args.checkpoint_every)
-        self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.step, n) for n in every)
-        self.saved_step = self.step if args.resume else None
+        self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.start_step, n) for n in every)
+        self.saved_step = self.start_step if args.resume else None
         self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
-        self.tick = Tick(time.perf_counter(), self.step, learner.sgd_steps, 0.0, 0.0)
+        self.tick = Tick(time.perf_counter(), self.start_step, learner.sgd_steps, 0.0, 0.0)
 
     def on_signal(self, signum, frame):
         if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
@@ -1530,7 +1535,8 @@ def parse_args(argv=None) -> Args:
     saved = args_from_json(saved.get("args"), path)
     require(preset in (None, saved.preset), f"--resume {typed.resume}: --preset cannot change on resume")
     args = tyro.cli(Args, args=argv, default=dataclasses.replace(saved, **fraction))
-    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume)
+    sent = dict(track=typed.track, wandb_project_name=typed.wandb_project_name, wandb_entity=typed.wandb_entity)
+    args = dataclasses.replace(args, resume=typed.resume, run_dir=typed.resume, **sent)  # W&B: as typed only
     require(
         ":" not in args.env_id or args.env_id == typed.env_id,
         f"{path}: env id {args.env_id!r} imports a module: type --env-id to confirm",

@@ -179,11 +179,13 @@ def test_replay_checkpoint_round_trip_and_fifo():
         copy.load_state_dict(without, "old.npz", num_actions=2)
 
 
-def test_resume_takes_the_ray_address_from_the_command_line_only(tmp_path):
-    """A run folder must not choose where the learner connects (and so where its code and data go)."""
-    saved = dataclasses.asdict(apex.Args(ray_address="203.0.113.7:6379", run_dir=str(tmp_path)))
-    (tmp_path / "args.json").write_text(json.dumps({"script": "apex_dqn", "args": saved}))
-    assert apex.parse_args(["--resume", str(tmp_path)]).ray_address is None
+def test_resume_takes_the_ray_address_and_w_and_b_from_the_command_line_only(tmp_path):
+    """A run folder must not choose where the learner connects (and so where its code and data go), nor where
+    its scalars are sent."""
+    saved = apex.Args(ray_address="203.0.113.7:6379", run_dir=str(tmp_path), track=True, wandb_entity="someone")
+    (tmp_path / "args.json").write_text(json.dumps({"script": "apex_dqn", "args": dataclasses.asdict(saved)}))
+    resumed = apex.parse_args(["--resume", str(tmp_path)])
+    assert resumed.ray_address is None and not resumed.track and resumed.wandb_entity is None
     typed = apex.parse_args(["--resume", str(tmp_path), "--ray-address", "127.0.0.1:6379"])
     assert typed.ray_address == "127.0.0.1:6379"
 
@@ -479,3 +481,13 @@ def test_a_second_sigterm_is_not_a_second_ctrl_c():
     assert set(stopped) == {signal.SIGTERM}  # asked to stop, not interrupted
     with pytest.raises(KeyboardInterrupt):
         apex.on_signal(stopped, signal.SIGINT, None)
+
+
+def test_train_leaves_jax_settings_as_it_found_them_when_it_fails(tmp_path):
+    """train() turns JAX's CPU async dispatch off for its run and puts it back however the run ends."""
+    import jax
+
+    before = jax.config.read("jax_cpu_enable_async_dispatch")
+    with pytest.raises(apex.ConfigError, match="NoSuchGame"):
+        apex.train(apex.Args(env_id="NoSuchGame-v0", run_dir=str(tmp_path / "run")))
+    assert jax.config.read("jax_cpu_enable_async_dispatch") is before

@@ -173,12 +173,17 @@ def test_nan_flag_is_refused(script, capsys):
 # --- DQN: what a run folder may not decide -------------------------------------------------------
 
 
-def test_dqn_a_run_folder_of_an_earlier_version_with_w_and_b_flags_resumes(tmp_path):
-    """The scripts no longer log to W&B (tools/wandb_upload.py does): an earlier version's args.json with
-    track=true and its W&B names resumes with its other flags, and sends nothing anywhere."""
-    run = fake_run(tmp_path, dqn, track=True, wandb_entity="someone", wandb_project_name="theirs", batch_size=64)
-    args = dqn.parse_args(["--resume", run])
-    assert args.batch_size == 64 and not hasattr(args, "track") and not hasattr(args, "wandb_entity")
+@pytest.mark.parametrize("script", list(MODULES))
+def test_a_run_folder_does_not_choose_where_its_scalars_are_sent(script, tmp_path):
+    """A folder's args.json (maybe someone else's) with track=true and its W&B names: the resume keeps its other
+    flags and sends nothing; --track and the W&B names come from the command line only (then to the same run)."""
+    module = MODULES[script]
+    run = fake_run(tmp_path, module, track=True, wandb_entity="someone", wandb_project_name="theirs", batch_size=64)
+    args = module.parse_args(["--resume", run])
+    assert args.batch_size == 64 and not args.track and args.wandb_entity is None
+    assert args.wandb_project_name == module.Args().wandb_project_name
+    args = module.parse_args(["--resume", run, "--track", "--wandb-project-name", "mine"])
+    assert args.track and args.wandb_project_name == "mine" and args.wandb_entity is None
 
 
 def test_dqn_env_id_naming_a_module_needs_to_be_typed(tmp_path):
