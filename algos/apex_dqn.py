@@ -449,7 +449,7 @@ class Learner:
     def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
         self.args, self.replay, self.num_actions = args, replay, network.num_actions
         optimizer = make_optimizer(args)
-        self.key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
+        init_key = jax.random.split(jax.random.PRNGKey(args.seed))[1]  # the init of earlier versions, seed for seed
         shapes = jax.eval_shape(functools.partial(init_train_state, network, optimizer, obs_shape), init_key)
         state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
         batches = (args.prefetch_size + 1) * args.updates_per_call * args.batch_size * replay.row_bytes
@@ -523,19 +523,18 @@ class Learner:
         return self.writer.submit(lambda version=self.sgd_steps: [ray.put((version, jax.device_get(copy)))])
 
     def state_dict(self) -> dict:
-        """The train state, its key and the replay, once the priorities of every call so far are in the replay."""
+        """The train state and the replay, once the priorities of every call so far are in the replay."""
         while self.writes:
             self.writes.popleft().result()
-        return {**tree_arrays("train_state/", self.state), "key": np.asarray(self.key), **self.replay.state_dict()}
+        return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
-        """A checkpoint's train state, key and replay, each checked."""
+        """A checkpoint's train state and replay, each checked (an earlier version's unused "key" is left)."""
         wanted = tree_arrays("train_state/", self.state)  # each checked, none left over
         leaves = [jnp.asarray(checked_array(arrays, name, x.shape, x.dtype, path)) for name, x in wanted.items()]
         extra = next((k for k in sorted(arrays) if k.startswith("train_state/") and k not in wanted), None)
         require(extra is None, f"{path}: unexpected array {extra} (other --hidden-sizes, --dueling or env?)")
         self.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.state), leaves)
-        self.key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
         self.sgd_steps = int(self.state.sgd_steps)
         require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
         self.replay.load_state_dict(arrays, path, self.num_actions)

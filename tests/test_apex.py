@@ -241,6 +241,23 @@ def test_the_learner_hands_its_beta_schedule_to_each_draw():
     np.testing.assert_allclose(np.asarray(batches["weights"]), w / w.max(axis=1, keepdims=True), rtol=1e-4)
 
 
+def test_a_checkpoint_of_an_earlier_version_with_its_unused_key_still_loads():
+    """f6a5972's learner saved a PRNG key it never used: no longer written, and a checkpoint holding it loads
+    (the train state as saved, the init seed for seed as before)."""
+    args = apex.Args(batch_size=8, updates_per_call=2, total_timesteps=1000)
+    replay = apex.PrioritizedReplay(30, (1,), np.float32, 0.6, 1e-6)
+    learner = apex.Learner(args, apex.QNetwork(2, (4,)), replay, (1,))
+    try:
+        arrays = learner.state_dict()
+        assert "key" not in arrays
+        first = {name: np.asarray(v) for name, v in arrays.items() if name.startswith("train_state/")}
+        learner.load_state_dict({**arrays, "key": np.array([0, 1], np.uint32)}, "old/checkpoint.npz")
+        again = learner.state_dict()
+        assert all(np.array_equal(first[name], again[name]) for name in first)
+    finally:
+        learner.close()
+
+
 def test_stale_priorities_do_not_land_on_new_rows():
     replay = apex.PrioritizedReplay(8, (1,), np.float32, 0.6, 1e-6)
 
