@@ -912,13 +912,14 @@ def wandb_run(run_dir: str, args):
     import wandb
 
     name = os.path.basename(os.path.abspath(run_dir))
-    run_id = "".join(c if c.isalnum() or c in "_-" else "-" for c in name)[-64:]
-    config = dataclasses.asdict(args)
-    project, entity = args.wandb_project_name, args.wandb_entity
+    run_id = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "-" for c in name)[-64:]  # as wandb_upload
+    config, resume = dataclasses.asdict(args), "allow" if args.resume else "never"  # a new run joins no old one
     flush = wandb.Settings(x_transaction_log_flush_interval=0.25)  # its run file each 0.25 s (15 s): a kill loses less
-    run = wandb.init(
-        project=project, entity=entity, name=name, id=run_id, config=config, resume="allow", settings=flush
-    )
+    names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=name, id=run_id, config=config)
+    try:  # reinit: a W&B run the caller has open stays the caller's
+        run = wandb.init(**names, resume=resume, reinit="create_new", settings=flush)
+    except wandb.errors.Error as e:  # not logged in, no such entity, the id taken, no network
+        raise ConfigError(f"--track: {first_line(e)}") from None
     run.define_metric("*", step_metric="global_step")  # a resume's redone steps are logged again at their step
     return run
 
@@ -939,6 +940,7 @@ class Logger:
     """Tensorboard events (written on this thread, flushed per log tick: docs/benchmarks.md), eval.csv, W&B."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
+        self.wandb = wandb_run(run_dir, args)  # first: a refused --track leaves the folder as it was
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -955,7 +957,6 @@ class Logger:
             kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
             rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
-        self.wandb = wandb_run(run_dir, args)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
@@ -968,10 +969,12 @@ class Logger:
         with open(self.csv, "a") as f:
             f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
 
-    def close(self) -> None:
-        self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+    def close(self, failed: bool = False) -> None:
+        try:
+            self.file.close()
+        finally:
+            if self.wandb is not None:
+                self.wandb.finish(exit_code=int(failed))  # a run that failed shows so in W&B
 
 
 def open_run_dir(args: Args) -> str:
@@ -1033,7 +1036,7 @@ def train(args: Args) -> dict:
         learner.start(step)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
         logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        cleanup.callback(logger.close)
+        cleanup.push(lambda kind, *_: logger.close(failed=kind not in (None, KeyboardInterrupt)))
         saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))

@@ -872,13 +872,14 @@ def wandb_run(run_dir: str, args):
     import wandb
 
     name = os.path.basename(os.path.abspath(run_dir))
-    run_id = "".join(c if c.isalnum() or c in "_-" else "-" for c in name)[-64:]
-    config = dataclasses.asdict(args)
-    project, entity = args.wandb_project_name, args.wandb_entity
+    run_id = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "-" for c in name)[-64:]  # as wandb_upload
+    config, resume = dataclasses.asdict(args), "allow" if args.resume else "never"  # a new run joins no old one
     flush = wandb.Settings(x_transaction_log_flush_interval=0.25)  # its run file each 0.25 s (15 s): a kill loses less
-    run = wandb.init(
-        project=project, entity=entity, name=name, id=run_id, config=config, resume="allow", settings=flush
-    )
+    names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=name, id=run_id, config=config)
+    try:  # reinit: a W&B run the caller has open stays the caller's
+        run = wandb.init(**names, resume=resume, reinit="create_new", settings=flush)
+    except wandb.errors.Error as e:  # not logged in, no such entity, the id taken, no network
+        raise ConfigError(f"--track: {first_line(e)}") from None
     run.define_metric("*", step_metric="global_step")  # a resume's redone steps are logged again at their step
     return run
 
@@ -898,9 +899,10 @@ def wandb_film(run, video, step: int) -> None:
 # >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
     """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
-    docs/benchmarks.md), and eval.csv. W&B: tools/wandb_upload.py uploads a run folder."""
+    docs/benchmarks.md), eval.csv, and with --track the same scalars to W&B as they are written."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
+        self.wandb = wandb_run(run_dir, args)  # first: a refused --track leaves the folder as it was
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -917,7 +919,6 @@ class Logger:
             kept = [r for r, step in steps if step.isdecimal() and len(step) < 12 and int(step) <= resumed_at]
             rows += [r.rstrip("\r\n") + "\n" for r in kept]  # a row a kill cut short gets its line end
         write_atomic(self.csv, lambda f: f.write("".join(rows).encode()))
-        self.wandb = wandb_run(run_dir, args)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = self.summary(value=[self.summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
@@ -933,10 +934,12 @@ class Logger:
     def flush(self) -> None:
         self.file.flush()
 
-    def close(self) -> None:
-        self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+    def close(self, failed: bool = False) -> None:
+        try:
+            self.file.close()
+        finally:
+            if self.wandb is not None:
+                self.wandb.finish(exit_code=int(failed))  # a run that failed shows so in W&B
 
 
 def open_run_dir(args: Args) -> str:
@@ -989,7 +992,7 @@ class Run:
             else None
         )
         self.logger = Logger(self.dir, args, resumed_at)
-        cleanup.callback(self.logger.close)
+        cleanup.push(lambda kind, *_: self.logger.close(failed=kind not in (None, KeyboardInterrupt)))
         self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
         saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
         write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))

@@ -1,5 +1,5 @@
 """What CleanRL users reach for: --capture-video, the progress bar (tqdm), curve.png (tools/plot_run.py)
-and Weights & Biases (tools/wandb_upload.py), in all three scripts; an evaluation of a saved model is
+and Weights & Biases (--track, live; tools/wandb_upload.py after), in the scripts; an evaluation of a saved model is
 tools/<script>_evaluate.py's."""
 
 import csv
@@ -133,14 +133,17 @@ def read_eval(run_dir):
 class StandInWandb(types.ModuleType):
     """wandb's API as the scripts call it with --track, recording the calls."""
 
-    def __init__(self):
+    def __init__(self, refuse=None):
         super().__init__("wandb")
-        self.calls = {"log": [], "finished": 0}
+        self.calls, self.refuse = {"log": [], "finished": 0, "exit_codes": []}, refuse
         self.Video = lambda path, format: types.SimpleNamespace(path=path, format=format)
         self.Settings = dict
+        self.errors = types.SimpleNamespace(Error=type("Error", (Exception,), {}))
 
     def init(self, **kwargs):
         self.calls["init"] = kwargs
+        if self.refuse:
+            raise self.errors.Error(self.refuse)
         return self
 
     def define_metric(self, name, step_metric):
@@ -149,8 +152,9 @@ class StandInWandb(types.ModuleType):
     def log(self, row):
         self.calls["log"].append(row)
 
-    def finish(self):
+    def finish(self, exit_code=None):
         self.calls["finished"] += 1
+        self.calls["exit_codes"].append(exit_code)
 
 
 def tensorboard_scalars(run_dir, wall_time=False):
@@ -222,7 +226,8 @@ def test_capture_video_curve_and_progress_line_on_a_terminal(name, tmp_path, mon
     # --track: W&B got each scalar tensorboard got, at its step, as it was written, and each film at its step.
     init, rows = wandb.calls["init"], wandb.calls["log"]
     assert (init["project"], init["entity"], init["name"], init["id"]) == ("cleanRL", "me", "run", "run")
-    assert init["resume"] == "allow" and init["config"]["capture_video"] and "dir" not in init
+    assert init["resume"] == "never" and init["config"]["capture_video"] and "dir" not in init  # a new run: new
+    assert init["reinit"] == "create_new" and wandb.calls["exit_codes"] == [0]  # a W&B run the caller has open stays
     assert init["settings"] == {"x_transaction_log_flush_interval": 0.25}
     assert wandb.calls["metric"] == ("*", "global_step") and wandb.calls["finished"] == 1
     logged = [
@@ -306,6 +311,34 @@ def test_capture_video_without_moviepy_is_one_line_before_training(name, tmp_pat
     # A saved run's flags do not ask for the packages (a model for --eval-only, or for DQN's tools/dqn_evaluate.py).
     args = module.args_from_json({"capture_video": True, "track": True, "wandb_entity": "me"}, "model.npz")
     assert args.capture_video and args.track and args.wandb_entity == "me"
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_track_refused_by_wandb_is_one_line_and_leaves_the_folder_empty(name, tmp_path, monkeypatch, capsys):
+    """Not logged in, no such entity, the id taken: wandb.init's error in one line, exit 2, before anything is
+    written, so the same --run-dir can be given again."""
+    monkeypatch.setitem(sys.modules, "wandb", StandInWandb(refuse="api_key not configured (no-tty)\ncall wandb.login"))
+    module, fast, _, _ = RUNS[name]
+    run_dir = tmp_path / "run"
+    assert module.cli(fast + ["--track", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--track: api_key not configured" in err, err
+    assert not run_dir.exists() or not os.listdir(run_dir)
+
+
+def test_a_track_run_that_fails_shows_as_failed_in_wandb(tmp_path, monkeypatch):
+    """An error in the loop (here the env's) finishes the W&B run with exit code 1; a Ctrl-C stop is not a failure."""
+    wandb = StandInWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+
+    class Broken(dqn.gym.vector.VectorWrapper):
+        def step(self, actions):
+            raise RuntimeError("the env broke")
+
+    args = dqn.parse_args(RUNS["dqn"][1] + ["--track", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(RuntimeError, match="the env broke"):
+        dqn.train(args, lambda n, video=None: Broken(dqn.make_env("CartPole-v1", n)))
+    assert wandb.calls["exit_codes"] == [1]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -472,8 +505,9 @@ def test_apex_logger_streams_each_scalar_to_wandb_with_track(tmp_path, monkeypat
     logger = apex.Logger(str(run_dir), args)
     logger.scalars(100, {"charts/SPS": 5.0})
     logger.eval(200, np.array([1.0, 3.0]))
-    logger.close()
+    logger.close(failed=True)
     assert (wandb.calls["init"]["project"], wandb.calls["init"]["id"]) == ("p", "CartPole-v1__apex_dqn__1__7")
+    assert wandb.calls["exit_codes"] == [1]
     assert wandb.calls["log"] == [
         {"charts/SPS": 5.0, "global_step": 100},
         {"eval/episodic_return": 2.0, "eval/episodic_return_std": 1.0, "global_step": 200},
