@@ -299,14 +299,22 @@ def test_plain_log_without_matplotlib_no_curve_and_an_evaluation_filmed_by_the_t
     assert len(frames) > 5 and frames[0].shape == (400, 600, 3)
 
 
+def refused(name, flag, tmp_path, capsys):
+    """(stderr, run folder) of the script's cli() given `flag`, which must exit 2 with one line."""
+    module, fast, _, _ = RUNS[name]
+    run_dir = tmp_path / "run"
+    assert module.cli(fast + [flag, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err, err
+    return err, run_dir
+
+
 @pytest.mark.parametrize("name", list(RUNS))
 def test_capture_video_without_moviepy_is_one_line_before_training(name, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "moviepy", None)
-    module, fast, _, _ = RUNS[name]
-    run_dir = tmp_path / "run"
-    assert module.cli(fast + ["--capture-video", "--run-dir", str(run_dir)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "pip install moviepy" in err and "--capture-video" in err, err
+    err, run_dir = refused(name, "--capture-video", tmp_path, capsys)
+    assert "pip install moviepy" in err, err
+    module = RUNS[name][0]
     assert not run_dir.exists()  # refused before anything ran
     # A saved run's flags do not ask for the packages (a model for --eval-only, or for DQN's tools/dqn_evaluate.py).
     args = module.args_from_json({"capture_video": True, "track": True, "wandb_entity": "me"}, "model.npz")
@@ -318,16 +326,13 @@ def test_track_refused_by_wandb_is_one_line_and_leaves_the_folder_empty(name, tm
     """Not logged in, no such entity, the id taken: wandb.init's error in one line, exit 2, before anything is
     written, so the same --run-dir can be given again."""
     monkeypatch.setitem(sys.modules, "wandb", StandInWandb(refuse="api_key not configured (no-tty)\ncall wandb.login"))
-    module, fast, _, _ = RUNS[name]
-    run_dir = tmp_path / "run"
-    assert module.cli(fast + ["--track", "--run-dir", str(run_dir)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--track: api_key not configured" in err, err
+    err, run_dir = refused(name, "--track", tmp_path, capsys)
+    assert "--track: api_key not configured" in err, err
     assert not run_dir.exists() or not os.listdir(run_dir)
 
 
 def test_a_track_run_that_fails_shows_as_failed_in_wandb(tmp_path, monkeypatch):
-    """An error in the loop (here the env's) finishes the W&B run with exit code 1; a Ctrl-C stop is not a failure."""
+    """An error in the loop (here the env's) finishes the W&B run with exit code 1."""
     wandb = StandInWandb()
     monkeypatch.setitem(sys.modules, "wandb", wandb)
 
@@ -344,11 +349,8 @@ def test_a_track_run_that_fails_shows_as_failed_in_wandb(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_track_without_wandb_is_one_line_before_training(name, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    module, fast, _, _ = RUNS[name]
-    run_dir = tmp_path / "run"
-    assert module.cli(fast + ["--track", "--run-dir", str(run_dir)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "pip install wandb" in err and "--track" in err, err
+    err, run_dir = refused(name, "--track", tmp_path, capsys)
+    assert "pip install wandb" in err, err
     assert not run_dir.exists()
 
 
