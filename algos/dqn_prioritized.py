@@ -192,7 +192,7 @@ class Args:
 # et al. 2016) on Nature DQN (Mnih et al. 2015). One agent step is 4 frames.
 ATARI_PRESET = dict(
     total_timesteps=50_000_000,  # 200M frames
-    num_envs=64,  # two halves of 32 stepped in turn: half the policy calls of 32 envs, 1.17x on a TPU v5e (docs/)
+    num_envs=64,  # two halves of 32: half the policy calls of 32 envs, 1.17x on a TPU v5e (docs/atari_minatar.md)
     actor_device="learner",  # the Nature CNN for a half: a 1.5 ms round trip there, beside 13 cores of emulators
     buffer_size=1_000_000,  # Nature DQN
     learning_rate=6.25e-5,  # PER: tuned Double DQN's 2.5e-4 / 4
