@@ -328,9 +328,10 @@ class PrioritizedReplay:
                 self.priority[indexes[fresh]] = priorities[fresh]
         return int(fresh.sum())
 
-    def size(self) -> int:
+    def __len__(self) -> int:
+        """Rows cpprb holds."""
         with self.lock:
-            return int(self.buffer.get_stored_size())
+            return self.buffer.get_stored_size()
 
     def max_priority(self) -> float:
         with self.lock:
@@ -441,7 +442,7 @@ def init_train_state(network: QNetwork, optimizer, obs_shape: tuple, key) -> Tra
 
 
 class Learner:
-    """Acme's learner, as the other scripts': it owns the train state and its PRNG key, the schedules of beta and
+    """Acme's learner, as the other scripts': it owns the train state, the schedules of beta and
     the learning rate, a prefetch thread that samples K minibatches ahead onto the device, and a writer thread that
     writes each call's |TD| back as priorities and stores the published parameters in Ray's object store. step()
     runs one jitted call of K SGD steps; calls_due() says how many the env steps received so far call for."""
@@ -462,17 +463,20 @@ class Learner:
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
         self.metrics, self.wait_seconds, self.learn_seconds, self.sgd_steps = {}, 0.0, 0.0, 0
         self.sgd_base, self.learn_from = 0, args.learning_starts
+        self.actor = actor_device("cpu", jax.local_devices())  # the evaluations' (the actors are Ray's processes)
+        self.sync_every = args.param_sync_every * args.num_envs * resolved_actors(args)  # env steps a round of syncs
+        self.publishing, self.published, self.published_at = None, None, 0
 
     def start(self, step: int) -> None:
         """At env step `step` (a resume's): a replay with fewer rows than --learning-starts waits for new ones,
         and the SGD steps it then owes are not caught up."""
-        rows = self.replay.size()
+        rows = len(self.replay)
         if rows < self.args.learning_starts:
             self.sgd_base, self.learn_from = self.sgd_steps, step + self.args.learning_starts - rows
 
     def calls_due(self, step: int) -> int:
         """One SGD step per --train-frequency env steps received, once the replay is ready (0: one call at a time)."""
-        if self.replay.size() < self.args.learning_starts or step < self.learn_from:
+        if len(self.replay) < self.args.learning_starts or step < self.learn_from:
             return 0
         if self.args.train_frequency == 0:
             return 1
@@ -514,13 +518,32 @@ class Learner:
         if self.replay.prioritized:  # with alpha = 0 a write changes nothing
             self.replay.update_priorities(indexes, write_counts, priorities.reshape(-1))
 
-    def publish(self) -> concurrent.futures.Future:
-        """The newest parameters into Ray's object store: copied now (the next update donates the state), stored by
-        the writer thread, so that the loop never waits; the future's result is [their object ref]."""
+    def latest(self, step: int) -> list:
+        """[a Ray reference to (version, (params, target_params))], the newest published, for the actors' next
+        requests; published anew once per round of their syncs: copied on the device now (the next update donates
+        the state), put in Ray's object store by the writer thread, so that the loop waits only for the first."""
         import ray
 
-        copy = jax.tree_util.tree_map(jnp.copy, (self.state.params, self.state.target_params))  # on the device
-        return self.writer.submit(lambda version=self.sgd_steps: [ray.put((version, jax.device_get(copy)))])
+        if self.publishing is None or step - self.published_at >= self.sync_every:
+            copy = jax.tree_util.tree_map(jnp.copy, (self.state.params, self.state.target_params))
+            version = self.sgd_steps
+            self.publishing = self.writer.submit(lambda: [ray.put((version, jax.device_get(copy)))])
+            self.published_at = step
+        if self.published is None or self.publishing.done():
+            self.published = self.publishing.result()
+        return self.published
+
+    def scalars(self, step: int) -> dict:
+        """What it logs: the last call's losses, beta, the largest priority, the rows held."""
+        scalars = {k: float(v) for k, v in self.metrics.items()}
+        scalars.update({"replay/beta": self.beta(step), "replay/priority_max": self.replay.max_priority()})
+        return {**scalars, "replay/size": len(self.replay)}
+
+    def progress(self) -> str:
+        return f"loss {float(self.metrics.get('losses/td_loss', np.nan)):.4f}"
+
+    def policy_params(self):
+        return self.state.params
 
     def state_dict(self) -> dict:
         """The train state and the replay, once the priorities of every call so far are in the replay."""
@@ -529,12 +552,8 @@ class Learner:
         return {**tree_arrays("train_state/", self.state), **self.replay.state_dict()}
 
     def load_state_dict(self, arrays: dict, path: str) -> None:
-        """A checkpoint's train state and replay, each checked (an earlier version's unused "key" is left)."""
-        wanted = tree_arrays("train_state/", self.state)  # each checked, none left over
-        leaves = [jnp.asarray(checked_array(arrays, name, x.shape, x.dtype, path)) for name, x in wanted.items()]
-        extra = next((k for k in sorted(arrays) if k.startswith("train_state/") and k not in wanted), None)
-        require(extra is None, f"{path}: unexpected array {extra} (other --hidden-sizes, --dueling or env?)")
-        self.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.state), leaves)
+        """A checkpoint's checked train state and replay (an earlier version's unused "key" is left)."""
+        self.state = restore_tree(self.state, arrays, "train_state/", path)
         self.sgd_steps = int(self.state.sgd_steps)
         require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
         self.replay.load_state_dict(arrays, path, self.num_actions)
@@ -545,6 +564,21 @@ class Learner:
 
 
 # ------------------------------------------------------------------------------------------- ACTING
+
+
+def actor_device(where: str, learner_devices):
+    """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
+    costs more than a small network), or the learner's, where Atari's CNN for 16 envs ran faster (docs/dqn.md)."""
+    try:
+        return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
+        return learner_devices[0]
+
+
+def actor_copy(params, device):
+    """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
+    replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
+    return jax.device_put(replica, device, may_alias=False)
 
 
 def make_act(q_apply, num_actions: int):
@@ -643,6 +677,195 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
     return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
+# ---------------------------------------------------------------------------------------------- RAY
+
+
+def start_ray(args: Args) -> bool:
+    """Join --ray-address, start a local Ray or use the one this process has; True if it must stop it."""
+    if args.ray_address is None and "ray" not in sys.modules:
+        # Read when ray is first imported (so only inside functions): a local node binds 127.0.0.1 only.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if args.ray_address is not None:
+        reachable(args.ray_address)
+        try:
+            ray.init(address=args.ray_address, include_dashboard=False, configure_logging=False)
+        except Exception as e:  # Ray raises several kinds (ConnectionError, ValueError, ...)
+            reason = first_line(e)
+            if "Failed to connect" in reason and os.environ.get("RAY_AUTH_MODE") != "token":
+                reason += "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token"
+            raise ConfigError(f"--ray-address {args.ray_address}: cannot join a Ray cluster there ({reason})") from None
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < resolved_actors(args):  # each actor asks for one: the rest would wait for ever
+            ray.shutdown()
+            raise ConfigError(f"--num-actors {resolved_actors(args)}, but the cluster has {cpus:g} CPUs")
+        return False
+    try:
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)  # Ray forks and execs at once
+        num_cpus = max(os.cpu_count() or 1, resolved_actors(args) + 1)  # every actor placed, even beyond the cores
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False)  # a new one
+    except Exception as e:
+        raise RunFailed(f"could not start a local Ray ({first_line(e)})") from None
+    return True
+
+
+def reachable(address: str, timeout: float = 10.0) -> None:
+    """A ConfigError unless something accepts connections at HOST:PORT (Ray retries a dead address for minutes)."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or address.startswith("ray://") or not port.isdigit():
+        return  # 'auto' reads a local file, Ray Client has its own timeout; ray.init reports these
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(f"--ray-address {address}: no Ray there ({e.strerror or e})") from None
+
+
+def resolved_actors(args: Args) -> int:
+    """--num-actors; -1: one per core the learner leaves free, at least 2 (two rungs of the epsilon ladder)."""
+    if args.num_actors != -1:
+        return args.num_actors
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, cores - 1)
+
+
+def kill_actors(actors: list) -> None:
+    """Each on its own: an actor Ray cannot kill (Ray itself gone) does not keep the others alive."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+
+def remote_actor_class():
+    """Actor as a Ray actor on the CPU, restarted with its request in flight whenever its process dies."""
+    import ray
+
+    if __name__ != "__main__":  # imported (tests, a user's code): the workers get the code by value, as a script's
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    env = {"JAX_PLATFORMS": "cpu"}
+    return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1, runtime_env={"env_vars": env})(Actor)
+
+
+class Actors:
+    """The actors on Ray, each with one request in flight: the chunks they send, who sent what (actors.json: each
+    actor's epsilon, process and restarts), how old the parameters each acted with were, and actors gone silent."""
+
+    def __init__(self, args: Args, run_dir: str, seed: int, cleanup):
+        n, remote = resolved_actors(args), remote_actor_class()
+        self.actors = [remote.remote(args, i, n, seed + 10_007 * i) for i in range(n)]  # new episodes on resume
+        cleanup.callback(kill_actors, self.actors)
+        self.info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
+        self.path, self.pending, self.heard, self.restarts = os.path.join(run_dir, "actors.json"), {}, [], 0
+        self.lags = collections.deque(maxlen=n)  # SGD steps between the learner and each of the last n chunks
+
+    def request(self, latest: list) -> None:
+        """Each actor's first request (after a resume's evaluation: silence counts from here)."""
+        self.pending = {actor.collect.remote(latest): i for i, actor in enumerate(self.actors)}
+        self.heard = [time.monotonic()] * len(self.actors)
+
+    def chunks(self, latest: list, wait: float, sgd_steps: int) -> list:
+        """The chunks arrived within `wait` seconds, and whatever else is ready by then; each sender asked again."""
+        import ray
+
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=wait)
+        if ready:
+            ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+        chunks = []
+        for ref in ready:
+            i = self.pending.pop(ref)
+            try:
+                chunk = ray.get(ref)
+            except ray.exceptions.RayError as e:  # not a restart (Ray retries a request whose actor died)
+                raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
+            self.pending[self.actors[i].collect.remote(latest)] = i
+            self.heard[i] = time.monotonic()
+            if self.info[i]["pid"] != chunk["pid"]:  # a process not seen before, after the first: a restart
+                self.arrived(i, chunk)
+            self.lags.append(sgd_steps - chunk["version"])
+            chunks.append(chunk)
+        silent = [i for i, heard in enumerate(self.heard) if time.monotonic() - heard > ACTOR_COMEBACK_S]
+        if silent:  # down, or never placed (a cluster short of CPUs)
+            raise RunFailed(f"actor {silent[0]} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
+        return chunks
+
+    def arrived(self, i: int, chunk: dict) -> None:
+        """Actor i's process is new: its first, or one Ray restarted (its unsent chunk lost); actors.json says so."""
+        if self.info[i]["pid"] is not None:
+            self.info[i]["restarts"], self.restarts = self.info[i]["restarts"] + 1, self.restarts + 1
+            print(f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost", flush=True)
+        self.info[i].update(pid=chunk["pid"], epsilon=chunk["epsilon"])
+        data = json.dumps(self.info, indent=1).encode()
+        write_atomic(self.path, lambda f: f.write(data))
+
+    def scalars(self) -> dict:
+        lag = {"apex/param_lag": float(np.mean(self.lags))} if self.lags else {}
+        return {**lag, "apex/actor_restarts": self.restarts}
+
+
+# -------------------------------------------------------------------------------------------- TRAIN
+
+
+def train(args: Args) -> dict:
+    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there); returns a summary.
+    A first Ctrl-C checkpoints, then raises KeyboardInterrupt (SIGTERM checkpoints and returns)."""
+    args = check_args(args)
+    env_fn = functools.partial(make_env, args.env_id)
+    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
+        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
+        with contextlib.closing(env_fn(1)) as probe:
+            spaces = (probe.single_observation_space, probe.single_action_space)
+        space, num_actions = spaces[0], int(spaces[1].n)
+        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
+        alpha = args.per_alpha if args.prioritized else 0.0
+        replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
+        learner = Learner(args, network, replay, space.shape)
+        cleanup.callback(learner.close)
+        started_ray = start_ray(args)  # first: a bad address writes nothing, and our signal handlers replace Ray's
+        import ray
+
+        if started_ray:
+            cleanup.callback(ray.shutdown)
+        act = make_act(network.apply, num_actions)
+        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
+        run = Run(args, learner, env_fn, spaces, play, cleanup)
+        step = run.start_step
+        learner.start(step)
+        actors = Actors(args, run.dir, args.seed + step, cleanup)
+        where = args.ray_address or (f"local, {ray.util.get_node_ip_address()}" if started_ray else "already running")
+        print(f"{len(actors.actors)} actors on Ray ({where})", flush=True)
+        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
+        actors.request(learner.latest(step))
+        while step < args.total_timesteps and not run.stopped:
+            # STORE: the chunks arrived (up to 0.1 s wait when nothing is to learn); each sender asked again first
+            wait = 0.0 if learner.calls_due(step) else 0.1
+            for chunk in actors.chunks(learner.latest(step), wait, learner.sgd_steps):
+                replay.add(chunk["transitions"], chunk["priorities"])
+                step += chunk["env_steps"]
+                for ret, length in chunk["episodes"]:
+                    run.episode(step, ret, length)
+
+            # LEARN: K SGD steps per jitted call on prefetched batches; the writer thread writes the priorities back
+            for _ in range(learner.calls_due(step)):
+                if run.stopped:  # a signal: checkpoint now, the backlog waits for the resume
+                    break
+                learner.step(step)
+
+            run.log(step, actors.scalars())
+            run.evaluate(step)
+            run.checkpoint(step)
+        return {**run.finish(step), "actor_restarts": actors.restarts}
+
+
+# ================================================================================================ THE SEAM
+# Above, the algorithm; below, the run harness: envs, files, checkpoints and resume, logging, signals, the CLI.
+
+
 # ------------------------------------------------------------------------------------- ENVIRONMENTS
 
 
@@ -728,79 +951,6 @@ def evaluate(act, params, env_fn, episodes: int, epsilon: float, seed: int, vide
         return returns
 
 
-# ---------------------------------------------------------------------------------------------- RAY
-
-
-def start_ray(args: Args) -> bool:
-    """Join --ray-address, start a local Ray or use the one this process has; True if it must stop it."""
-    if args.ray_address is None and "ray" not in sys.modules:
-        # Read when ray is first imported (so only inside functions): a local node binds 127.0.0.1 only.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if args.ray_address is not None:
-        reachable(args.ray_address)
-        try:
-            ray.init(address=args.ray_address, include_dashboard=False, configure_logging=False)
-        except Exception as e:  # Ray raises several kinds (ConnectionError, ValueError, ...)
-            reason = first_line(e)
-            if "Failed to connect" in reason and os.environ.get("RAY_AUTH_MODE") != "token":
-                reason += "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token"
-            raise ConfigError(f"--ray-address {args.ray_address}: cannot join a Ray cluster there ({reason})") from None
-        cpus = ray.cluster_resources().get("CPU", 0)
-        if cpus < resolved_actors(args):  # each actor asks for one: the rest would wait for ever
-            ray.shutdown()
-            raise ConfigError(f"--num-actors {resolved_actors(args)}, but the cluster has {cpus:g} CPUs")
-        return False
-    try:
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)  # Ray forks and execs at once
-        num_cpus = max(os.cpu_count() or 1, resolved_actors(args) + 1)  # every actor placed, even beyond the cores
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False)  # a new one
-    except Exception as e:
-        raise RunFailed(f"could not start a local Ray ({first_line(e)})") from None
-    return True
-
-
-def reachable(address: str, timeout: float = 10.0) -> None:
-    """A ConfigError unless something accepts connections at HOST:PORT (Ray retries a dead address for minutes)."""
-    host, _, port = address.rpartition(":")
-    if address == "auto" or address.startswith("ray://") or not port.isdigit():
-        return  # 'auto' reads a local file, Ray Client has its own timeout; ray.init reports these
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise ConfigError(f"--ray-address {address}: no Ray there ({e.strerror or e})") from None
-
-
-def resolved_actors(args: Args) -> int:
-    """--num-actors; -1: one per core the learner leaves free, at least 2 (two rungs of the epsilon ladder)."""
-    if args.num_actors != -1:
-        return args.num_actors
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, cores - 1)
-
-
-def kill_actors(actors: list) -> None:
-    """Each on its own: an actor Ray cannot kill (Ray itself gone) does not keep the others alive."""
-    import ray
-
-    for actor in actors:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-
-
-def remote_actor_class():
-    """Actor as a Ray actor on the CPU, restarted with its request in flight whenever its process dies."""
-    import ray
-
-    if __name__ != "__main__":  # imported (tests, a user's code): the workers get the code by value, as a script's
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    env = {"JAX_PLATFORMS": "cpu"}
-    return ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1, runtime_env={"env_vars": env})(Actor)
-
-
 # -------------------------------------------------------------------------------------------- FILES
 # checkpoint.npz and model.npz, read with allow_pickle=False: meta.json (format, counters, flags) and one array per
 # leaf named by its place ("train_state/params/params/Dense_0/kernel", "replay/obs"), each checked before use.
@@ -879,6 +1029,15 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
+def restore_tree(template, arrays: dict, prefix: str, path: str):
+    """The arrays named prefix* in the structure of `template`, each checked, none left over."""
+    wanted = tree_arrays(prefix, template)
+    leaves = [checked_array(arrays, name, like.shape, like.dtype, path) for name, like in wanted.items()]
+    extra = sorted(k for k in arrays if k.startswith(prefix) and k not in wanted)
+    require(not extra, f"{path}: unexpected array {extra[0] if extra else ''} (other --hidden-sizes or env?)")
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
+
+
 # <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile, or the command line's), or a ConfigError on the first bad one."""
@@ -896,6 +1055,20 @@ def args_from_json(saved, where: str = "") -> Args:
         (args.num_actors != 0, "--num-actors must be positive or -1 (as the cores allow)"),
     ):
         require(ok, f"{where}: {message}" if where else message)
+    return args
+
+
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
+    args = args_from_json(dataclasses.asdict(args))
+    try:
+        args.capture_video and __import__("moviepy")
+    except ImportError:
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
+    try:
+        args.track and __import__("wandb")
+    except ImportError:
+        raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
 
 
@@ -936,8 +1109,10 @@ def wandb_film(run, video, step: int) -> None:
 # <<< shared: tracking
 
 
+# >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
-    """Tensorboard events (written on this thread, flushed per log tick: docs/benchmarks.md), eval.csv, W&B."""
+    """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
+    docs/benchmarks.md), eval.csv, and with --track the same scalars to W&B as they are written."""
 
     def __init__(self, run_dir: str, args: Args, resumed_at: Optional[int] = None):
         self.wandb = wandb_run(run_dir, args)  # first: a refused --track leaves the folder as it was
@@ -969,6 +1144,9 @@ class Logger:
         with open(self.csv, "a") as f:
             f.write(f"{step},{returns.mean():.4f},{returns.std():.4f},{len(returns)}\n")
 
+    def flush(self) -> None:
+        self.file.flush()
+
     def close(self, failed: bool = False) -> None:
         try:
             self.file.close()
@@ -978,203 +1156,160 @@ class Logger:
 
 
 def open_run_dir(args: Args) -> str:
-    """A new or empty folder, or --resume's own (cut-short temp files removed); no symlink in it: no write leaves."""
+    """A fresh run writes only into a new or empty folder; a resumed one into its own, where the temp
+    files of writes a kill cut short go first. Nothing in it may be a symlink, so no write leaves it."""
     default = f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
     run_dir = args.resume or args.run_dir or default
+    require(not os.path.exists(run_dir) or os.path.isdir(run_dir), f"--run-dir {run_dir} is not a folder")
     try:
         os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:  # a file there too
+    except OSError as e:
         raise ConfigError(f"--run-dir {run_dir}: cannot be made ({e.strerror})") from None
     require(args.resume or not os.listdir(run_dir), f"--run-dir {run_dir} is not empty: give a new folder, or --resume")
     for folder, subfolders, files in os.walk(run_dir):
         for name in subfolders + files:
             require(not os.path.islink(os.path.join(folder, name)), f"{run_dir} holds a symlink: not written")
-            if folder == run_dir and ".tmp." in name:  # a write a kill cut short (only a resumed folder has any)
-                os.remove(os.path.join(folder, name))
+    for name in os.listdir(run_dir):
+        if ".tmp." in name and args.resume:
+            os.remove(os.path.join(run_dir, name))
     return run_dir
 
 
-def next_multiple(step: int, every: int):
-    return (step // every + 1) * every if every else float("inf")
+# --------------------------------------------------------------------------------------------- RUN
 
 
-# -------------------------------------------------------------------------------------------- TRAIN
+Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "learn"])  # the learner's counters
 
 
-def train(args: Args) -> dict:
-    """Train with Args as parse_args gives them (with --resume: the run's flags, merged there); returns a summary."""
-    args = args_from_json(dataclasses.asdict(args))  # parse_args's checks, for a caller of train() too
-    try:
-        args.capture_video and __import__("moviepy")
-    except ImportError:
-        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
-    try:
-        args.track and __import__("wandb")
-    except ImportError:
-        raise ConfigError("--track needs wandb: pip install wandb") from None
-    env_fn = functools.partial(make_env, args.env_id)
-    with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
-        async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
-        jax.config.update("jax_cpu_enable_async_dispatch", False)  # the tiny policy call costs less without it
-        cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
-        with contextlib.closing(env_fn(1)) as probe:
-            num_actions, space = int(probe.single_action_space.n), probe.single_observation_space
-        network = QNetwork(num_actions, args.hidden_sizes, planes=is_planes(space), dueling=args.dueling)
-        alpha = args.per_alpha if args.prioritized else 0.0
-        replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
-        learner = Learner(args, network, replay, space.shape)
-        cleanup.callback(learner.close)
-        started_ray = start_ray(args)  # first: a bad address writes nothing, and our signal handlers replace Ray's
-        import ray
+class Run:
+    """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
+    bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
+    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
 
-        if started_ray:
-            cleanup.callback(ray.shutdown)
-        act = make_act(network.apply, num_actions)
-        run_dir, step, episodes, cut_short = open_run_dir(args), 0, 0, False  # an evaluation a signal cut short
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
+        self.args, self.learner, self.play = args, learner, play
+        self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
+        video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
+        try:  # called as the evaluations will call it: a bad factory fails before the first env step
+            with contextlib.closing(env_fn(args.eval_episodes, video=video)) as probe:
+                same = (probe.single_observation_space, probe.single_action_space) == spaces
+                require(same, "the evaluation envs' spaces differ from the training envs'")
+        except TypeError as e:
+            raise ConfigError(f"env_fn(num_envs, video=...) failed: {first_line(e)}") from None
         if args.resume:
-            step, episodes, cut_short = load_checkpoint(run_dir, learner, args.total_timesteps)
-        learner.start(step)
+            self.start_step, self.episodes, self.cut_short = load_checkpoint(self.dir, learner, args.total_timesteps)
         # On resume eval.csv keeps the rows up to the checkpoint; a finished run's final one is redone.
-        logger = Logger(run_dir, args, (step if step < args.total_timesteps else step - 1) if args.resume else None)
-        cleanup.push(lambda kind, *_: logger.close(failed=kind not in (None, KeyboardInterrupt)))
-        saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
-        write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
-        bar = cleanup.enter_context(tqdm.tqdm(total=args.total_timesteps, initial=step, unit="step", disable=None))
-        stopped = []
-        for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
-        n, remote = resolved_actors(args), remote_actor_class()
-        actors = [remote.remote(args, i, n, args.seed + step + 10_007 * i) for i in range(n)]  # new episodes on resume
-        cleanup.callback(kill_actors, actors)
-        info = [dict(actor=i, epsilon=None, pid=None, restarts=0) for i in range(n)]  # as the actors report
-        heard, pending, lag, restarts = [time.monotonic()] * n, {}, [], 0  # pending: request -> actor
-        last_eval = "-"
-        next_log, next_eval, next_ckpt = (
-            next_multiple(step, e) for e in (args.log_every, args.eval_every, args.checkpoint_every)
+        resumed_at = (
+            (self.start_step if self.start_step < args.total_timesteps else self.start_step - 1)
+            if args.resume
+            else None
         )
-        saved_step = step if args.resume else None
-        tick = dict(time=time.perf_counter(), step=step, sgd=learner.sgd_steps, wait=0.0, learn=0.0)
-        meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        self.logger = Logger(self.dir, args, resumed_at)
+        cleanup.push(lambda kind, *_: self.logger.close(failed=kind not in (None, KeyboardInterrupt)))
+        self.meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args)}
+        saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
+        write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
+        progress = tqdm.tqdm(total=args.total_timesteps, initial=self.start_step, unit="step", disable=None)
+        self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+        every = (args.log_every, args.eval_every, args.checkpoint_every)
+        self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.start_step, n) for n in every)
+        self.saved_step = self.start_step if args.resume else None
+        self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.tick = Tick(time.perf_counter(), self.start_step, learner.sgd_steps, 0.0, 0.0)
 
-        def checkpoint():
-            nonlocal saved_step
-            counters = {"kind": "checkpoint", "global_step": step, "episodes": episodes, "eval_missed": cut_short}
-            save_npz(os.path.join(run_dir, "checkpoint.npz"), {**meta, **counters}, learner.state_dict())
-            saved_step = step
+    def on_signal(self, signum, frame):
+        if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
+            print(f"a second Ctrl-C: stopped at once; --resume {self.dir} continues from the last checkpoint")
+            raise KeyboardInterrupt
+        self.stopped.append(signum)
 
-        def evaluation(prefix: str):
-            nonlocal cut_short
-            video = (os.path.join(run_dir, "videos"), f"{prefix}-step-{step}") if args.capture_video else None
-            seed = args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-            with jax.default_device(cpu):  # the policy and its keys on the host CPU, with the current params
-                params = jax.device_put(learner.state.params, cpu, may_alias=False)
-                returns = evaluate(act, params, env_fn, args.eval_episodes, args.eval_epsilon, seed, video, stopped)
-            if returns is not None:
-                logger.eval(step, returns)
-                wandb_film(logger.wandb, video, step)
-            cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
-            return returns
+    def tally(self, step: int, reward, done) -> None:
+        """Each env's return and length so far; an episode's are logged as it ends."""
+        self.returns += reward
+        self.lengths += 1
+        for i in np.flatnonzero(done):
+            self.episode(step, self.returns[i], self.lengths[i])
+            self.returns[i], self.lengths[i] = 0.0, 0
 
-        try:  # evaluations act on the host CPU (a trip to an accelerator per env step costs more than the network)
-            cpu = jax.devices("cpu")[0]
-        except RuntimeError:  # JAX started without the CPU
-            cpu = jax.devices()[0]
-        publishing, published_step = learner.publish(), step
-        published = publishing.result()
-        for i, actor in enumerate(actors):
-            pending[actor.collect.remote(published)] = i
-        where = args.ray_address or (f"local, {ray.util.get_node_ip_address()}" if started_ray else "already running")
-        print(f"{n} actors on Ray ({where})", flush=True)
-        if cut_short:  # the evaluation a signal cut short
-            evaluation("eval")
-            heard = [time.monotonic()] * n
-        while step < args.total_timesteps and not stopped:
-            # STORE: the chunks arrived (up to 0.1 s wait when nothing is to learn); each actor gets a request first.
-            if step - published_step >= args.param_sync_every * args.num_envs * n:  # once per round of actor syncs
-                publishing, published_step = learner.publish(), step
-            published = publishing.result() if publishing.done() else published
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.0 if learner.calls_due(step) else 0.1)
-            if ready:  # and whatever else is ready by now
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-            for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    chunk = ray.get(ref)
-                except ray.exceptions.RayError as e:  # not a restart (Ray retries a request whose actor died)
-                    raise RunFailed(f"actor {i} failed: {first_line(e)}") from None
-                pending[actors[i].collect.remote(published)] = i
-                heard[i] = time.monotonic()
-                if info[i]["pid"] != chunk["pid"]:  # a process not seen before, after the first: a restart
-                    if info[i]["pid"] is not None:
-                        info[i]["restarts"], restarts = info[i]["restarts"] + 1, restarts + 1
-                        back = f"actor {i} is back (process {chunk['pid']}): Ray restarted it, its unsent chunk is lost"
-                        print(back, flush=True)
-                    info[i].update(pid=chunk["pid"], epsilon=chunk["epsilon"])
-                    actors_json = json.dumps(info, indent=1).encode()
-                    write_atomic(os.path.join(run_dir, "actors.json"), lambda f, data=actors_json: f.write(data))
-                replay.add(chunk["transitions"], chunk["priorities"])
-                step += chunk["env_steps"]
-                lag.append(learner.sgd_steps - chunk["version"])
-                for ret, length in chunk["episodes"]:
-                    episodes += 1
-                    logger.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
-            silent = [i for i in range(n) if time.monotonic() - heard[i] > ACTOR_COMEBACK_S]
-            if silent:  # down, or never placed (a cluster short of CPUs)
-                raise RunFailed(f"actor {silent[0]} has sent nothing for {ACTOR_COMEBACK_S} s; see Ray's logs")
+    def episode(self, step: int, ret: float, length: int) -> None:
+        self.episodes += 1
+        self.logger.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
 
-            # LEARN: K SGD steps per jitted call on prefetched batches; the writer thread writes the priorities back.
-            for _ in range(learner.calls_due(step)):
-                if stopped:  # a signal: checkpoint now, the backlog waits for the resume
-                    break
-                learner.step(step)
+    def log(self, step: int, scalars: dict) -> None:
+        """Every --log-every steps: the rates, `scalars` and the learner's own."""
+        if step < self.next_log:
+            return
+        last, learner = self.tick, self.learner
+        self.tick = Tick(time.perf_counter(), step, learner.sgd_steps, learner.wait_seconds, learner.learn_seconds)
+        self.next_log, seconds = next_multiple(step, self.args.log_every), self.tick.time - last.time
+        sps = (step - last.step) / seconds
+        scalars = {"charts/SPS": sps, **scalars, **learner.scalars(step)}
+        scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
+        scalars["perf/replay_ratio"] = (
+            (self.tick.sgd_steps - last.sgd_steps) * self.args.batch_size / (step - last.step)
+        )
+        if self.tick.learn > last.learn:
+            scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
+        self.logger.scalars(step, scalars)
+        self.logger.flush()
+        line = f"SPS {sps:7.0f}  {learner.progress()}  episodes {self.episodes}  eval {self.last_eval}"
+        self.bar.update(step - self.bar.n)
+        self.bar.set_postfix_str(line, refresh=False)
+        final = step >= self.args.total_timesteps
+        if self.bar.disable and (step % (10 * self.args.log_every) < step - last.step or final):
+            print(f"step {step:>8d}  {line}", flush=True)
 
-            if step >= next_log:
-                next_log, last = next_multiple(step, args.log_every), tick
-                tick = dict(time=time.perf_counter(), step=step, sgd=learner.sgd_steps, wait=learner.wait_seconds)
-                tick["learn"] = learner.learn_seconds
-                sps, sgd = (step - last["step"]) / (tick["time"] - last["time"]), tick["sgd"] - last["sgd"]
-                beta, top = learner.beta(step), replay.max_priority()
-                scalars = {"charts/SPS": sps, "replay/beta": beta, "replay/priority_max": top}
-                scalars["replay/size"], scalars["apex/actor_restarts"] = replay.size(), restarts
-                scalars["perf/updates_per_second"] = sgd / (tick["time"] - last["time"])
-                scalars["perf/replay_ratio"] = sgd * args.batch_size / max(step - last["step"], 1)
-                if lag:
-                    scalars["apex/param_lag"], lag = float(np.mean(lag)), []
-                if tick["learn"] > last["learn"]:
-                    scalars["perf/learner_wait_fraction"] = (tick["wait"] - last["wait"]) / (
-                        tick["learn"] - last["learn"]
-                    )
-                logger.scalars(step, {**scalars, **{k: float(v) for k, v in learner.metrics.items()}})
-                logger.file.flush()
-                loss = float(learner.metrics.get("losses/td_loss", float("nan")))
-                line = f"SPS {sps:7.0f}  loss {loss:.4f}  episodes {episodes}  restarts {restarts}  eval {last_eval}"
-                bar.update(step - bar.n)
-                bar.set_postfix_str(line, refresh=False)
-                if bar.disable and (step % (10 * args.log_every) < step - last["step"] or step >= args.total_timesteps):
-                    print(f"step {step:>8d}  {line}", flush=True)
-            if next_eval <= step < args.total_timesteps:  # the final evaluation comes after the loop
-                next_eval, returns = next_multiple(step, args.eval_every), evaluation("eval")
-                last_eval = last_eval if returns is None else f"{returns.mean():.1f}"
-            if step >= next_ckpt:
-                next_ckpt = next_multiple(step, args.checkpoint_every)
-                checkpoint()
-        if saved_step != step:
-            checkpoint()
-        bar.update(step - bar.n)  # the steps after the last log tick
-        bar.close()  # before anything else prints
-        summary = {"run_dir": run_dir, "global_step": step, "sgd_steps": learner.sgd_steps, "actor_restarts": restarts}
-        if not stopped:
-            save_npz(f"{run_dir}/model.npz", {**meta, "kind": "model"}, tree_arrays("params/", learner.state.params))
-            returns = evaluation("final")
-        if stopped:  # also during the final evaluation, which the checkpoint before it makes safe
-            print(f"stopped by signal {stopped[0]} at step {step}; continue with --resume {run_dir}", flush=True)
-            return {**summary, "signal": stopped[0]}
-        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {run_dir}", flush=True)
-        return {**summary, "eval_mean": float(returns.mean())}
+    def evaluate(self, step: int) -> None:
+        """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
+        if self.cut_short or self.next_eval <= step < self.args.total_timesteps:
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
+
+    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+        video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
+        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
+        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
+        if returns is not None:
+            self.logger.eval(step, returns)
+            wandb_film(self.logger.wandb, video, step)
+        self.cut_short = returns is None and prefix == "eval"  # the checkpoint says so: a resume redoes it
+        return returns
+
+    def checkpoint(self, step: int, due: bool = False) -> None:
+        """Every --checkpoint-every steps (or now, if due): the learner's state, the replay and the counters."""
+        if step < self.next_checkpoint and not due:
+            return
+        self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
+        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "cut_short": self.cut_short}
+        save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
+        self.saved_step = step
+
+    def finish(self, step: int) -> dict:
+        """The last checkpoint, the model, the final evaluation; after a signal, how to resume (a Ctrl-C then
+        raises KeyboardInterrupt, so that a caller's loop over seeds stops too)."""
+        if self.saved_step != step:
+            self.checkpoint(step, due=True)
+        self.bar.update(step - self.bar.n)  # the steps after the last log tick
+        self.bar.close()  # before anything else prints
+        if not self.stopped:
+            params = tree_arrays("params/", self.learner.policy_params())
+            save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
+            returns = self.evaluation(step, "final")
+        summary = {"run_dir": self.dir, "global_step": step}
+        if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
+            print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)
+            if self.stopped[0] == signal.SIGINT:
+                raise KeyboardInterrupt
+            return {**summary, "signal": self.stopped[0]}
+        print(f"final eval at step {step}: {returns.mean():.2f} +- {returns.std():.2f}; run dir {self.dir}", flush=True)
+        return {**summary, "eval_mean": float(returns.mean()), "sgd_steps": self.learner.sgd_steps}
 
 
 def load_checkpoint(run_dir: str, learner: Learner, total: int):
-    """(step, episodes, an evaluation cut short?) of RUN_DIR/checkpoint.npz; loads the learner's state and replay."""
+    """(global step, episodes, whether an evaluation was cut short); loads the learner's state and replay."""
     path = os.path.join(run_dir, "checkpoint.npz")
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
@@ -1182,22 +1317,17 @@ def load_checkpoint(run_dir: str, learner: Learner, total: int):
     require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     learner.load_state_dict(arrays, path)
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
-    note = (
-        f"; beta and an annealed lr now run to --total-timesteps {total}, not {was}" if was not in (None, total) else ""
-    )
-    rows = learner.replay.size()
-    print(
-        f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}", flush=True
-    )
-    return step, episodes, meta.get("eval_missed") is True
+    note = "" if was in (None, total) else f"; any schedule over the budget ends at {total} steps, not {was}"
+    rows = len(learner.replay)
+    print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
+    return step, episodes, meta.get("cut_short", meta.get("eval_missed")) is True  # eval_missed: f6a5972's name
 
 
-def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop (or an evaluation) stops and checkpoints; a second Ctrl-C interrupts at once (a
-    second SIGTERM does not: `timeout` sends it to the run and to its process group)."""
-    if stopped and signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    stopped.append(signum)
+def next_multiple(step: int, every: int):
+    return (step // every + 1) * every if every else float("inf")
+
+
+# <<< shared: harness
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -1244,6 +1374,8 @@ def cli(argv=None) -> int:
     except (MemoryError, OSError) as e:  # a folder that cannot be made, a full disk at a log tick, ...
         print(f"{SCRIPT}.py: error: {str(e) or 'out of memory (a smaller --buffer-size?)'}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # train() checkpointed first and said how to resume (a second Ctrl-C: at once)
+        return 128 + signal.SIGINT
     return 128 + result["signal"] if "signal" in result else 0
 
 

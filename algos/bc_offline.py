@@ -748,7 +748,6 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
-# <<< shared: files
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)
@@ -758,6 +757,7 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
+# <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (a run folder's, maybe hostile), each checked, or one ConfigError naming the first bad one."""
     at = f"{where}: " if where else ""
@@ -928,7 +928,7 @@ def train(args: Args) -> dict:
 
         def checkpoint():
             nonlocal saved_step
-            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "eval_missed": cut_short}
+            counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "cut_short": cut_short}
             save_npz(f"{run_dir}/checkpoint.npz", {**meta, **counters}, {**learner.state_dict(), **stats_arrays})
             saved_step = step
 
@@ -995,7 +995,7 @@ def load_checkpoint(run_dir: str, learner: Learner, digest: str, total: int) -> 
     was = meta["args"].get("total_updates") if isinstance(meta.get("args"), dict) else None
     note = f"; the lr and beta schedules now run to --total-updates {total}, not {was}"
     print(f"resumed {run_dir} at update {learner.sgd_steps}{note if was not in (None, total) else ''}")
-    return meta.get("eval_missed") is True
+    return meta.get("cut_short", meta.get("eval_missed")) is True  # eval_missed: f6a5972's name
 
 
 def on_signal(stopped: list, signum, frame):

@@ -546,6 +546,7 @@ class Learner:
         self.key = jnp.asarray(checked_array(arrays, "key", (2,), np.uint32, path))
         self.replay.load_state_dict(arrays, path)
         self.sgd_steps = int(self.state.sgd_steps)
+        require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
         self.actor_params = actor_copy(self.state.actor_params, self.actor)  # no lag yet
 
     def close(self) -> None:
@@ -656,7 +657,8 @@ def train(args: Args, env_fn=None) -> dict:
                 if not learner.step(step):  # the replay holds fewer than B rows
                     break
 
-            run.log(step, reward, terminated | truncated, {})
+            run.tally(step, reward, terminated | truncated)
+            run.log(step, {})
             run.evaluate(step)
             run.checkpoint(step)
         return run.finish(step)
@@ -819,7 +821,6 @@ def tree_arrays(prefix: str, tree) -> dict:
     return {prefix + jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
 
 
-# <<< shared: files
 def restore_tree(template, arrays: dict, prefix: str, path: str):
     """The arrays named prefix* in the structure of `template`, each checked, none left over."""
     wanted = tree_arrays(prefix, template)
@@ -829,6 +830,7 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
+# <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (maybe hostile) in their types and ranges, or one ConfigError naming the first bad one."""
     text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
@@ -1012,15 +1014,20 @@ class Run:
             raise KeyboardInterrupt
         self.stopped.append(signum)
 
-    def log(self, step: int, reward, done, scalars: dict) -> None:
-        """Each episode's return and length as it ends; every --log-every steps the rates and the learner's own."""
+    def tally(self, step: int, reward, done) -> None:
+        """Each env's return and length so far; an episode's are logged as it ends."""
         self.returns += reward
         self.lengths += 1
         for i in np.flatnonzero(done):
-            self.episodes += 1
-            episode = {"charts/episodic_return": self.returns[i], "charts/episodic_length": self.lengths[i]}
-            self.logger.scalars(step, episode)
+            self.episode(step, self.returns[i], self.lengths[i])
             self.returns[i], self.lengths[i] = 0.0, 0
+
+    def episode(self, step: int, ret: float, length: int) -> None:
+        self.episodes += 1
+        self.logger.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+
+    def log(self, step: int, scalars: dict) -> None:
+        """Every --log-every steps: the rates, `scalars` and the learner's own."""
         if step < self.next_log:
             return
         last, learner = self.tick, self.learner
@@ -1029,6 +1036,9 @@ class Run:
         sps = (step - last.step) / seconds
         scalars = {"charts/SPS": sps, **scalars, **learner.scalars(step)}
         scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
+        scalars["perf/replay_ratio"] = (
+            (self.tick.sgd_steps - last.sgd_steps) * self.args.batch_size / (step - last.step)
+        )
         if self.tick.learn > last.learn:
             scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
         self.logger.scalars(step, scalars)
@@ -1037,7 +1047,7 @@ class Run:
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix_str(line, refresh=False)
         final = step >= self.args.total_timesteps
-        if self.bar.disable and (step % (10 * self.args.log_every) < self.args.num_envs or final):
+        if self.bar.disable and (step % (10 * self.args.log_every) < step - last.step or final):
             print(f"step {step:>8d}  {line}", flush=True)
 
     def evaluate(self, step: int) -> None:
@@ -1062,7 +1072,7 @@ class Run:
         if step < self.next_checkpoint and not due:
             return
         self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
-        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "eval_missed": self.cut_short}
+        counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "cut_short": self.cut_short}
         save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
         self.saved_step = step
 
@@ -1093,14 +1103,13 @@ def load_checkpoint(run_dir: str, learner: Learner, total: int):
     require(os.path.isfile(path), f"no such file: {path} (a run stopped before its first checkpoint: start anew)")
     meta, arrays = load_npz(path, "checkpoint")
     step, episodes = meta.get("global_step"), meta.get("episodes")
-    require(all(type(v) is int and 0 <= v < 2**31 for v in (step, episodes)), f"{path}: bad counters in meta.json")
+    require(all(type(v) is int and 0 <= v < 2**40 for v in (step, episodes)), f"{path}: bad counters in meta.json")
     learner.load_state_dict(arrays, path)
-    require(0 <= learner.sgd_steps <= step, f"{path}: train_state/sgd_steps is out of range")
     was = meta["args"].get("total_timesteps") if isinstance(meta.get("args"), dict) else None
     note = "" if was in (None, total) else f"; any schedule over the budget ends at {total} steps, not {was}"
     rows = len(learner.replay)
     print(f"resumed {run_dir} at step {step} ({learner.sgd_steps} SGD steps, {rows} rows in the replay){note}")
-    return step, episodes, meta.get("eval_missed") is True
+    return step, episodes, meta.get("cut_short", meta.get("eval_missed")) is True  # eval_missed: f6a5972's name
 
 
 def next_multiple(step: int, every: int):

@@ -413,13 +413,14 @@ SMALL_RUNS = {
 }
 
 
-@pytest.mark.parametrize("times", [1, 2])
+@pytest.mark.parametrize("times, old_name", [(1, False), (2, False), (1, True)])
 @pytest.mark.parametrize("script", list(MODULES))
-def test_an_evaluation_a_signal_cuts_short_is_redone_on_resume(script, times, tmp_path, monkeypatch):
+def test_an_evaluation_a_signal_cuts_short_is_redone_on_resume(script, times, old_name, tmp_path, monkeypatch):
     """SIGTERM during the evaluation midway: the run checkpoints at once, and the resumed run
     evaluates that step first, so eval.csv has every row (before: the row was lost for good).
     Twice: GNU timeout sends SIGTERM to the run and then to its process group; the second is not
-    a second Ctrl-C (before: it interrupted the run before its checkpoint)."""
+    a second Ctrl-C (before: it interrupted the run before its checkpoint). old_name: the
+    checkpoint says so as f6a5972's did ("eval_missed"), and still resumes so."""
     module, real, calls = MODULES[script], MODULES[script].evaluate, []
 
     def signalled(*args, **kwargs):
@@ -433,6 +434,11 @@ def test_an_evaluation_a_signal_cuts_short_is_redone_on_resume(script, times, tm
     run_dir = str(tmp_path / "run")
     result = module.train(module.parse_args(SMALL_RUNS[script] + ["--run-dir", run_dir]))
     assert result.get("signal") == signal.SIGTERM
+    if old_name:
+        path = os.path.join(run_dir, "checkpoint.npz")
+        meta, arrays = module.load_npz(path, "checkpoint")
+        meta["eval_missed"] = meta.pop("cut_short")
+        module.save_npz(path, meta, arrays)
     monkeypatch.setattr(module, "evaluate", real)
     module.train(module.parse_args(["--resume", run_dir]))
     with open(os.path.join(run_dir, "eval.csv")) as f:

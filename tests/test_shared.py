@@ -11,7 +11,7 @@ SCRIPTS = ("dqn_prioritized", "sac", "bc_offline", "apex_dqn")
 HOLDERS = {
     "files": set(SCRIPTS),
     "tracking": set(SCRIPTS),
-    "harness": {"dqn_prioritized", "sac"},
+    "harness": {"dqn_prioritized", "sac", "apex_dqn"},
 }  # which scripts hold each region
 MARKER = re.compile(r"^# (>>>|<<<) shared: (\w+)")
 
