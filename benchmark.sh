@@ -22,6 +22,9 @@
 #   accelerator PART   on a GPU or TPU machine: PART (dqn, minatar, sac, bc, cleanrl, sbx, atari, cleanrl-atari
 #             or learning; benchmark/accelerator.py) there and on its host CPU: results/accelerator.md; minatar
 #             (500k, 1.5 min on a TPU v5e), atari (Pong 200k, 2 min), cleanrl-atari (stopped at 9 min) there only
+#   stress    Ctrl-C at random moments (half of the runs twice) of a seed loop calling train(), two at a time:
+#             aborts counted, every checkpoint resumed (benchmark/stress.py); DQN, SAC and Ape-X, 50 runs each
+#             (--seeds N: N runs each); exit 1 on an abort or a checkpoint that does not load
 #   summary   only rebuild the summary from the runs already there
 #
 #   -j N       runs in parallel (default: the number of cores; speed, atari and apex: one at a time)
@@ -34,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"  # the repository root: the paths below start there
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-MODES="quick, full, ablation, speed, atari, atari10m, apex, minatar, accelerator or summary"
+MODES="quick, full, ablation, speed, atari, atari10m, apex, minatar, stress, accelerator or summary"
 
 die() { echo "benchmark.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^# PYTHON/p' benchmark.sh | sed 's/^# \{0,1\}//'; }
@@ -57,6 +60,11 @@ while (( $# )); do
 done
 case "$MODE" in
   quick|full|ablation|speed|atari|atari10m|apex|minatar|summary) ;;
+  stress)
+    for script in dqn sac apex; do
+      "$PYTHON" benchmark/stress.py "$script" --runs "${SEEDS:-50}" --jobs 2 --out "$RUNS/stress" || exit 1
+    done
+    exit 0 ;;
   accelerator)
     PARTS="dqn minatar sac bc cleanrl sbx atari cleanrl-atari learning"
     [[ " $PARTS " == *" $PART "* ]] || die "accelerator needs one part of: $PARTS"

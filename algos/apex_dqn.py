@@ -463,7 +463,7 @@ class Learner:
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
         self.metrics, self.wait_seconds, self.learn_seconds, self.sgd_steps = {}, 0.0, 0.0, 0
         self.sgd_base, self.learn_from = 0, args.learning_starts
-        self.actor = actor_device("cpu", jax.local_devices())  # the evaluations' (the actors are Ray's processes)
+        self.act_device = actor_device("cpu", jax.local_devices())  # the evaluations' (the actors are Ray's processes)
         self.sync_every = args.param_sync_every * args.num_envs * resolved_actors(args)  # env steps a round of syncs
         self.publishing, self.published, self.published_at = None, None, 0
 
@@ -566,9 +566,10 @@ class Learner:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
+# >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
 def actor_device(where: str, learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
-    costs more than a small network), or the learner's, where Atari's CNN for 16 envs ran faster (docs/dqn.md)."""
+    costs more than a small network), or the learner's ("learner"; Atari's CNN in dqn_prioritized.py)."""
     try:
         return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
@@ -579,6 +580,9 @@ def actor_copy(params, device):
     """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
     replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
     return jax.device_put(replica, device, may_alias=False)
+
+
+# <<< shared: acting
 
 
 def make_act(q_apply, num_actions: int):
@@ -1269,7 +1273,9 @@ class Run:
 
     def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
-        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        params = actor_copy(
+            self.learner.policy_params(), self.learner.act_device
+        )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:

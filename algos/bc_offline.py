@@ -383,13 +383,23 @@ class Learner:
         self.writer.shutdown()
 
 
-def actor_copy(params, device=None):
-    """A copy of the learner's params (device 0's replica) on `device`: by default the host CPU, to act there."""
-    if device is None:
-        with contextlib.suppress(RuntimeError):  # JAX started without the CPU backend
-            device = jax.devices("cpu")[0]
-    params = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
-    return jax.device_put(params, device, may_alias=False)
+# >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
+def actor_device(where: str, learner_devices):
+    """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
+    costs more than a small network), or the learner's ("learner"; Atari's CNN in dqn_prioritized.py)."""
+    try:
+        return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
+        return learner_devices[0]
+
+
+def actor_copy(params, device):
+    """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
+    replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
+    return jax.device_put(replica, device, may_alias=False)
+
+
+# <<< shared: acting
 
 
 def make_act(policy: Policy, mode: str):
@@ -935,7 +945,7 @@ def train(args: Args) -> dict:
         def evaluation(prefix: str):
             nonlocal last_eval, cut_short
             video = (os.path.join(run_dir, "videos"), f"{prefix}-update-{step}") if args.capture_video else None
-            params = actor_copy(learner.state.params)
+            params = actor_copy(learner.state.params, actor_device("cpu", jax.local_devices()))
             returns = evaluate(act, params, stats, env_fn, args.eval_episodes, args.seed + 10_000, video, stopped)
             if returns is not None:
                 score = normalized_score(returns, data.ref_min, data.ref_max)

@@ -700,7 +700,7 @@ class Learner:
 
     def __init__(self, args: Args, network: QNetwork, replay: PrioritizedReplay, obs_shape: tuple):
         self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
-        self.actor = actor_device(args.actor_device, self.shardings.replicated.mesh.devices.flat)
+        self.act_device = actor_device(args.actor_device, self.shardings.replicated.mesh.devices.flat)
         self.num_actions = network.num_actions
         optimizer = make_optimizer(args, sgd_budget(args))
         init = functools.partial(init_train_state, network, optimizer, obs_shape)
@@ -723,7 +723,7 @@ class Learner:
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
         self.metrics, self.wait_seconds, self.learn_seconds = {}, 0.0, 0.0
         self.sgd_steps, self.stale_rows = 0, 0  # SGD steps done (the train state's count), frame rows gone stale
-        self.actor_params = actor_copy(self.state.params, self.actor)  # the params that act (one call behind)
+        self.actor_params = actor_copy(self.state.params, self.act_device)  # the params that act (one call behind)
 
     def step(self, env_step: int) -> bool:
         """K SGD steps in one call on batches sampled ahead; False, and nothing done, while the replay holds
@@ -744,7 +744,7 @@ class Learner:
             self.stale_rows += fresh.size - int(fresh.sum())
             batches = dict(batches, fresh=jax.device_put(fresh.astype(np.float32), self.shardings.split))
             store = (self.frames.store,)
-        self.actor_params = actor_copy(self.state.params, self.actor)  # call i-1's params act until call i+1
+        self.actor_params = actor_copy(self.state.params, self.act_device)  # call i-1's params act until call i+1
         self.state, self.metrics, priorities = self.update(self.state, batches, *store)
         self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
@@ -808,7 +808,7 @@ class Learner:
         require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
         if self.frames is not None:
             self.frames.pushed = 0  # the next push copies the whole ring
-        self.actor_params = actor_copy(self.state.params, self.actor)  # no lag yet
+        self.actor_params = actor_copy(self.state.params, self.act_device)  # no lag yet
 
     def close(self) -> None:
         self.sampler.shutdown(cancel_futures=True)
@@ -823,9 +823,10 @@ def sgd_budget(args: Args) -> int:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
+# >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
 def actor_device(where: str, learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
-    costs more than a small network), or the learner's, where Atari's CNN for 16 envs ran faster (docs/dqn.md)."""
+    costs more than a small network), or the learner's ("learner"; Atari's CNN in dqn_prioritized.py)."""
     try:
         return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
@@ -836,6 +837,9 @@ def actor_copy(params, device):
     """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
     replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
     return jax.device_put(replica, device, may_alias=False)
+
+
+# <<< shared: acting
 
 
 def make_act(q_apply, num_actions: int):
@@ -1436,7 +1440,9 @@ class Run:
 
     def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
-        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        params = actor_copy(
+            self.learner.policy_params(), self.learner.act_device
+        )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:

@@ -464,7 +464,7 @@ class Learner:
 
     def __init__(self, args: Args, nets: Nets, replay: PrioritizedReplay, obs_dim: int, action_dim: int):
         self.args, self.replay, self.shardings = args, replay, learner_shardings(args)
-        self.actor = actor_device(self.shardings.replicated.mesh.devices.flat)
+        self.act_device = actor_device("cpu", self.shardings.replicated.mesh.devices.flat)
         self.key, init_key = jax.random.split(jax.random.PRNGKey(args.seed))
         init = functools.partial(init_train_state, nets, args, obs_dim, action_dim)
         shapes = jax.eval_shape(init, init_key)
@@ -480,7 +480,9 @@ class Learner:
         self.batches, self.writes = collections.deque(), collections.deque()  # futures, oldest first
         self.metrics, self.wait_seconds, self.learn_seconds = {}, 0.0, 0.0
         self.sgd_steps = 0  # SGD steps done (the train state's count)
-        self.actor_params = actor_copy(self.state.actor_params, self.actor)  # the params that act (one call behind)
+        self.actor_params = actor_copy(
+            self.state.actor_params, self.act_device
+        )  # the params that act (one call behind)
 
     def step(self, env_step: int) -> bool:
         """K SGD steps in one call on batches sampled ahead; False, and nothing done, while the replay holds
@@ -494,7 +496,7 @@ class Learner:
         start = time.perf_counter()
         batches, indexes, write_counts = self.batches.popleft().result()
         self.wait_seconds += time.perf_counter() - start
-        self.actor_params = actor_copy(self.state.actor_params, self.actor)  # call i-1's params act while i runs
+        self.actor_params = actor_copy(self.state.actor_params, self.act_device)  # call i-1's params act while i runs
         self.state, self.metrics, priorities = self.update(self.state, batches, self.key)
         self.writes.append(self.writer.submit(self.write_priorities, indexes, write_counts, priorities, self.sgd_steps))
         while self.writes and self.writes[0].done():
@@ -547,7 +549,7 @@ class Learner:
         self.replay.load_state_dict(arrays, path)
         self.sgd_steps = int(self.state.sgd_steps)
         require(0 <= self.sgd_steps < 2**31, f"{path}: train_state/sgd_steps is out of range")
-        self.actor_params = actor_copy(self.state.actor_params, self.actor)  # no lag yet
+        self.actor_params = actor_copy(self.state.actor_params, self.act_device)  # no lag yet
 
     def close(self) -> None:
         self.sampler.shutdown(cancel_futures=True)
@@ -565,18 +567,23 @@ def make_replay(args: Args, obs_dim: int, action_dim: int) -> PrioritizedReplay:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
-def actor_device(learner_devices):
-    """The host CPU, as Acme's actors: an accelerator round trip per env step costs more than the network."""
+# >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
+def actor_device(where: str, learner_devices):
+    """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
+    costs more than a small network), or the learner's ("learner"; Atari's CNN in dqn_prioritized.py)."""
     try:
-        return jax.devices("cpu")[0]
+        return jax.devices("cpu")[0] if where == "cpu" else learner_devices[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: act where the learner is
         return learner_devices[0]
 
 
 def actor_copy(params, device):
-    """A copy of device 0's replica of params on `device`, a copy even there: the next update donates it."""
+    """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
     replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
     return jax.device_put(replica, device, may_alias=False)
+
+
+# <<< shared: acting
 
 
 def make_act(actor: Actor):
@@ -633,7 +640,7 @@ def train(args: Args, env_fn=None) -> dict:
         run = Run(args, learner, env_fn, spaces, play, cleanup)
         step, act_key = (
             run.start_step,
-            jax.device_put(learner.key, learner.actor),
+            jax.device_put(learner.key, learner.act_device),
         )  # the policy's inputs live where it runs
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
@@ -1058,7 +1065,9 @@ class Run:
 
     def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
-        params = actor_copy(self.learner.policy_params(), self.learner.actor)  # the current params, not the actor's
+        params = actor_copy(
+            self.learner.policy_params(), self.learner.act_device
+        )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
         returns = self.play(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:

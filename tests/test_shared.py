@@ -12,6 +12,7 @@ HOLDERS = {
     "files": set(SCRIPTS),
     "tracking": set(SCRIPTS),
     "harness": {"dqn_prioritized", "sac", "apex_dqn"},
+    "acting": set(SCRIPTS),
 }  # which scripts hold each region
 MARKER = re.compile(r"^# (>>>|<<<) shared: (\w+)")
 
