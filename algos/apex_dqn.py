@@ -353,12 +353,12 @@ class PrioritizedReplay:
         stored = len(prio) if prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
         get = functools.partial(checked_array, arrays, path=path)
-        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
+        prio, next_index = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), d) for key, (s, d) in self.spec.items()}
         full = stored == self.capacity
         for ok, what in (
             (np.all((prio >= 0) & (prio <= 1e30)), "priorities"),
-            (0 <= k < self.capacity and (k == stored or full), "next_index"),
+            (0 <= next_index < self.capacity and (next_index == stored or full), "next_index"),
             (np.all((data["action"] >= 0) & (data["action"] < num_actions)), "actions"),
             (np.all((data["discount"] >= 0) & (data["discount"] <= 1)), "discounts"),
         ):
@@ -367,8 +367,8 @@ class PrioritizedReplay:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if full and k:  # rewrite [0, k) so that the next insert goes to k
-                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                if full and next_index:  # rewrite [0, next_index) so that the next insert lands there
+                    self.buffer.add(**{key: v[:next_index] for key, v in data.items()}, priorities=prio[:next_index])
                 self.priority[:stored] = prio
             self.write_count[:] = 0
 
@@ -386,10 +386,10 @@ class TrainState(NamedTuple):
 def make_optimizer(args: Args) -> optax.GradientTransformation:
     """The update's direction; the learning rate, annealed over env steps received, is an input of each update."""
     if args.optimizer == "rmsprop":  # Ape-X's centred RMSProp, eps outside the root
-        step = optax.scale_by_stddev(decay=0.95, eps=1.5e-7, eps_in_sqrt=False)
+        direction = optax.scale_by_stddev(decay=0.95, eps=1.5e-7, eps_in_sqrt=False)
     else:
-        step = optax.scale_by_adam(eps=args.adam_eps)
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), step)
+        direction = optax.scale_by_adam(eps=args.adam_eps)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), direction)
 
 
 def double_q_td(q_apply, params, target_params, batch: dict) -> Tuple[jax.Array, jax.Array]:
@@ -677,8 +677,13 @@ class Actor:
         }
 
 
+# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# <<< shared: schedule
 
 
 # ---------------------------------------------------------------------------------------------- RAY
@@ -836,14 +841,16 @@ def train(args: Args) -> dict:
         if started_ray:
             cleanup.callback(ray.shutdown)
         act = make_act(network.apply, num_actions)
-        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
-        run = Run(args, learner, env_fn, spaces, play, cleanup)
+        evaluator = functools.partial(
+            evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon
+        )
+        run = Run(args, learner, env_fn, spaces, evaluator, cleanup)
         step = run.start_step
         learner.start(step)
         actors = Actors(args, run.dir, args.seed + step, cleanup)
         where = args.ray_address or (f"local, {ray.util.get_node_ip_address()}" if started_ray else "already running")
         print(f"{len(actors.actors)} actors on Ray ({where})", flush=True)
-        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
+        run.eval_if_due(step)  # the one a signal cut short, if the run resumed from there
         actors.request(learner.latest(step))
         while step < args.total_timesteps and not run.stopped:
             # STORE: the chunks arrived (up to 0.1 s wait when nothing is to learn); each sender asked again first
@@ -861,7 +868,7 @@ def train(args: Args) -> dict:
                 learner.step(step)
 
             run.log(step, actors.scalars())
-            run.evaluate(step)
+            run.eval_if_due(step)
             run.checkpoint(step)
         return {**run.finish(step), "actor_restarts": actors.restarts}
 
@@ -1062,6 +1069,7 @@ def args_from_json(saved, where: str = "") -> Args:
     return args
 
 
+# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
 def check_args(args: Args) -> Args:
     """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
@@ -1074,6 +1082,9 @@ def check_args(args: Args) -> Args:
     except ImportError:
         raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
+
+
+# <<< shared: checks
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
@@ -1188,10 +1199,10 @@ Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "lea
 class Run:
     """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
     bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
-    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
+    a second Ctrl-C stops at once. evaluate(params, seed=, video=, stop=) -> the returns of an evaluation's episodes."""
 
-    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
-        self.args, self.learner, self.play = args, learner, play
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, evaluate, cleanup):
+        self.args, self.learner, self.evaluate = args, learner, evaluate
         self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
@@ -1265,19 +1276,19 @@ class Run:
         if self.bar.disable and (step % (10 * self.args.log_every) < step - last.step or final):
             print(f"step {step:>8d}  {line}", flush=True)
 
-    def evaluate(self, step: int) -> None:
+    def eval_if_due(self, step: int) -> None:
         """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
         if self.cut_short or self.next_eval <= step < self.args.total_timesteps:
-            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.eval_at(step, "eval")
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
-    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+    def eval_at(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
         params = actor_copy(
             self.learner.policy_params(), self.learner.act_device
         )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
+        returns = self.evaluate(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns)
             wandb_film(self.logger.wandb, video, step)
@@ -1303,7 +1314,7 @@ class Run:
         if not self.stopped:
             params = tree_arrays("params/", self.learner.policy_params())
             save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
-            returns = self.evaluation(step, "final")
+            returns = self.eval_at(step, "final")
         summary = {"run_dir": self.dir, "global_step": step}
         if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
             print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)

@@ -341,7 +341,7 @@ class Learner:
         self.learn_seconds += time.perf_counter() - start
 
     def beta(self) -> float:  # from --per-beta0 to 1 over --total-updates
-        return self.args.per_beta0 + (1.0 - self.args.per_beta0) * self.sgd_steps / self.args.total_updates
+        return linear_schedule(self.args.per_beta0, 1.0, self.args.total_updates, self.sgd_steps)
 
     def sample(self, beta: float, num_batches: Optional[int] = None):
         """On the prefetch thread: (batches [K, B, ...] on the device(s), row indexes)."""
@@ -381,6 +381,15 @@ class Learner:
     def close(self) -> None:
         self.sampler.shutdown(cancel_futures=True)
         self.writer.shutdown()
+
+
+# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# <<< shared: schedule
 
 
 # >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
@@ -783,7 +792,9 @@ def args_from_json(saved, where: str = "") -> Args:
     return args
 
 
+# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
 def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
     try:
         args.capture_video and __import__("moviepy")
@@ -794,6 +805,9 @@ def check_args(args: Args) -> Args:
     except ImportError:
         raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
+
+
+# <<< shared: checks
 
 
 # ------------------------------------------------------------------------------------------ LOGGING

@@ -341,14 +341,14 @@ class FrameStore:
 
     def __init__(self, buffer_size: int, num_envs: int, frame_shape):
         self.capacity = buffer_size + buffer_size // 10 + 8 * num_envs + 4096  # resets add frames: see docs/dqn.md
-        self.frames = np.zeros((self.capacity,) + tuple(frame_shape), np.uint8)
+        self.ring = np.zeros((self.capacity,) + tuple(frame_shape), np.uint8)
         self.written = 0
         self.stack = np.zeros((num_envs, FRAME_STACK), np.int64)  # frame numbers each env shows
 
     def _write(self, frames):
         numbers = self.written + np.arange(len(frames))
         self.written += len(frames)
-        self.frames[numbers % self.capacity] = frames
+        self.ring[numbers % self.capacity] = frames
         return numbers
 
     def start(self, obs, envs):
@@ -358,7 +358,7 @@ class FrameStore:
         zeros, firsts = self._write(np.zeros_like(obs[:, -1])), self._write(obs[:, -1])
         self.stack[envs] = np.concatenate([np.repeat(zeros[:, None], FRAME_STACK - 1, axis=1), firsts[:, None]], 1)
 
-    def step(self, reached, next_obs, done, envs=slice(None)):
+    def advance(self, reached, next_obs, done, envs=slice(None)):
         """A step of envs `envs` (a slice): (frame numbers of the stacks it led to, of the stacks they show now)."""
         reached_numbers = np.concatenate([self.stack[envs, 1:], self._write(reached[:, -1])[:, None]], axis=1)
         self.stack[envs] = reached_numbers
@@ -369,7 +369,7 @@ class FrameStore:
 
     def read(self, numbers):
         """(pixels of frame-number stacks, whether each is intact)."""
-        pixels = self.frames[numbers % self.capacity]
+        pixels = self.ring[numbers % self.capacity]
         return pixels, numbers.min(axis=-1) >= self.written - self.capacity
 
 
@@ -380,7 +380,7 @@ class DeviceFrames:
     the shape a TPU gathers rows from without copying the whole store (docs/atari_minatar.md)."""
 
     def __init__(self, frames: FrameStore, sharding):
-        self.host, self.pushed, self.shape = frames, 0, frames.frames.shape[1:]
+        self.host, self.pushed, self.shape = frames, 0, frames.ring.shape[1:]
         self.words = frame_words(self.shape)
         self.store = jax.jit(lambda: jnp.zeros((frames.capacity, self.words), jnp.uint32), out_shardings=sharding)()
         self.write = jax.jit(lambda store, at, rows: store.at[at].set(rows), donate_argnums=0, out_shardings=sharding)
@@ -392,7 +392,7 @@ class DeviceFrames:
             numbers = np.arange(start, min(start + 65_536, written))
             size = 1 << max(6, (numbers.size - 1).bit_length())  # a few shapes, a few compiles
             slots = np.concatenate([numbers, np.full(size - numbers.size, numbers[-1])]) % capacity  # repeats: same row
-            self.store = self.write(self.store, slots.astype(np.int32), self.pack(self.host.frames[slots]))
+            self.store = self.write(self.store, slots.astype(np.int32), self.pack(self.host.ring[slots]))
         self.pushed = written
         return written - capacity
 
@@ -436,12 +436,12 @@ class PrioritizedReplay:
         self.rng = np.random.default_rng()  # deals the draws out (cpprb's own draws are not seeded either)
 
     def add(self, rows: Optional[dict]) -> None:
-        done, total = 0, 0 if rows is None else len(rows["action"])
-        while done < total:
-            take = min(total - done, self.staging_size - self.staged_rows)
+        copied, total = 0, 0 if rows is None else len(rows["action"])
+        while copied < total:
+            take = min(total - copied, self.staging_size - self.staged_rows)
             for key, column in self.staging.items():
-                column[self.staged_rows : self.staged_rows + take] = rows[key][done : done + take]
-            self.staged_rows, done = self.staged_rows + take, done + take
+                column[self.staged_rows : self.staged_rows + take] = rows[key][copied : copied + take]
+            self.staged_rows, copied = self.staged_rows + take, copied + take
             if self.staged_rows == self.staging_size:
                 self.flush()
 
@@ -452,7 +452,7 @@ class PrioritizedReplay:
         with self.lock:
             slots = (self.buffer.get_next_index() + np.arange(self.staged_rows)) % self.capacity
             self.buffer.add(**{key: column[: self.staged_rows] for key, column in self.staging.items()})
-            self.write_count[slots] += 1
+            np.add.at(self.write_count, slots, 1)
             self.priority[slots] = self.buffer.get_max_priority()
         self.staged_rows = 0
 
@@ -516,7 +516,7 @@ class PrioritizedReplay:
             state["replay/next_index"] = np.asarray(self.buffer.get_next_index(), np.int64)
             state["replay/max_priority"] = np.asarray(self.buffer.get_max_priority(), np.float64)
         if self.frames is not None:
-            state["replay/frames"] = self.frames.frames[: min(self.frames.written, self.frames.capacity)]
+            state["replay/frames"] = self.frames.ring[: min(self.frames.written, self.frames.capacity)]
             state["replay/frames_written"] = np.asarray(self.frames.written, np.int64)
         return state
 
@@ -526,13 +526,13 @@ class PrioritizedReplay:
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
         get = functools.partial(checked_array, arrays, path=path)
-        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
+        prio, next_index = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), d) for key, (s, d) in self.spec.items()}
         full = stored == self.capacity
         for ok, what in (
             (0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top)), "priorities"),
-            (0 <= k < self.capacity and (k == stored or full), "next_index"),
+            (0 <= next_index < self.capacity and (next_index == stored or full), "next_index"),
             (np.all((data["action"] >= 0) & (data["action"] < num_actions)), "actions"),
             (np.all((data["discount"] >= 0) & (data["discount"] <= 1)), "discounts"),
         ):
@@ -541,7 +541,7 @@ class PrioritizedReplay:
             written = int(get("replay/frames_written", (), np.int64))
             require(0 <= written < 2**62, f"{path}: replay/frames_written is out of range")
             kept = min(written, self.frames.capacity)
-            self.frames.frames[:kept] = get("replay/frames", (kept,) + self.frames.frames.shape[1:], np.uint8)
+            self.frames.ring[:kept] = get("replay/frames", (kept,) + self.frames.ring.shape[1:], np.uint8)
             numbers = np.concatenate([data["obs"].ravel(), data["next_obs"].ravel()])
             require(not stored or 0 <= numbers.min() <= numbers.max() < written, f"{path}: rows name unwritten frames")
             self.frames.written = written
@@ -549,8 +549,8 @@ class PrioritizedReplay:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if full and k:  # rewrite [0, k) so that the next insert lands at k
-                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                if full and next_index:  # rewrite [0, next_index) so that the next insert lands there
+                    self.buffer.add(**{key: v[:next_index] for key, v in data.items()}, priorities=prio[:next_index])
                 # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
                 self.buffer.update_priorities(np.array([0]), np.array([top]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
@@ -577,7 +577,7 @@ class Adder:
         done = terminated | truncated
         reached, shown = real_next_obs(next_obs, done, info), next_obs
         if self.frames is not None:
-            reached, shown = self.frames.step(reached, next_obs, done, self.envs)
+            reached, shown = self.frames.advance(reached, next_obs, done, self.envs)
         ends_return = terminated
         if self.life_loss:
             lost, self.lives = lost_life(info, self.lives, done)
@@ -612,11 +612,11 @@ TrainState = collections.namedtuple("TrainState", ["params", "target_params", "o
 def make_optimizer(args: Args, sgd_steps: int) -> optax.GradientTransformation:
     lr = optax.linear_schedule(args.learning_rate, 0.0, max(sgd_steps, 1)) if args.anneal_lr else args.learning_rate
     if args.optimizer == "rmsprop":  # torch's centred RMSprop: eps outside the root (MinAtar's DQN)
-        step = optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
+        direction = optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
     else:
-        step = optax.adam(lr, eps=args.adam_eps)
+        direction = optax.adam(lr, eps=args.adam_eps)
     clip = optax.clip_by_global_norm(args.max_grad_norm) if args.max_grad_norm else optax.identity()
-    return optax.chain(clip, step)
+    return optax.chain(clip, direction)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))  # one compile, not one per eager op
@@ -900,8 +900,13 @@ class EnvGroup:
             self.recv()
 
 
+# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
     return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# <<< shared: schedule
 
 
 def exploration_horizon(args: Args) -> float:
@@ -934,8 +939,10 @@ def train(args: Args, env_fn=None) -> dict:
         cleanup.callback(learner.close)
         act = make_act(network.apply, num_actions)
         spaces = (groups[0].envs.single_observation_space, groups[0].envs.single_action_space)
-        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon)
-        run = Run(args, learner, env_fn, spaces, play, cleanup)
+        evaluator = functools.partial(
+            evaluate, act, env_fn=env_fn, episodes=args.eval_episodes, epsilon=args.eval_epsilon
+        )
+        run = Run(args, learner, env_fn, spaces, evaluator, cleanup)
         step, life_loss = run.start_step, args.terminal_on_life_loss
         adders = [Adder(replay, copy.deepcopy(nstep), life_loss, g.slice) for g in groups]  # an assembler each
         rng = np.random.default_rng((args.seed + step, 1))  # exploration's draws: (seed, 1), not env 0's stream
@@ -945,7 +952,7 @@ def train(args: Args, env_fn=None) -> dict:
             obs, _ = group.envs.reset(seed=env_seed(args.seed, step, 1) + group.slice.start)  # env state is not saved
             adder.start(obs)
             group.send(act(learner.actor_params, obs, epsilon, rng))
-        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
+        run.eval_if_due(step)  # the one a signal cut short, if the run resumed from there
         while step < args.total_timesteps and not run.stopped:
             rewards, dones = [], []
             for group, adder in zip(groups, adders):
@@ -971,7 +978,7 @@ def train(args: Args, env_fn=None) -> dict:
             scalars = {"charts/epsilon": epsilon, "perf/sgd_deficit": sgd_deficit(args, step, learner)}
             run.tally(step, np.concatenate(rewards), np.concatenate(dones))
             run.log(step, scalars)
-            run.evaluate(step)
+            run.eval_if_due(step)
             run.checkpoint(step)
         return run.finish(step)
 
@@ -1229,6 +1236,7 @@ def args_from_json(saved, where: str = "") -> Args:
     return args
 
 
+# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
 def check_args(args: Args) -> Args:
     """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
@@ -1241,6 +1249,9 @@ def check_args(args: Args) -> Args:
     except ImportError:
         raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
+
+
+# <<< shared: checks
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
@@ -1355,10 +1366,10 @@ Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "lea
 class Run:
     """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
     bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
-    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
+    a second Ctrl-C stops at once. evaluate(params, seed=, video=, stop=) -> the returns of an evaluation's episodes."""
 
-    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
-        self.args, self.learner, self.play = args, learner, play
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, evaluate, cleanup):
+        self.args, self.learner, self.evaluate = args, learner, evaluate
         self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
@@ -1432,19 +1443,19 @@ class Run:
         if self.bar.disable and (step % (10 * self.args.log_every) < step - last.step or final):
             print(f"step {step:>8d}  {line}", flush=True)
 
-    def evaluate(self, step: int) -> None:
+    def eval_if_due(self, step: int) -> None:
         """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
         if self.cut_short or self.next_eval <= step < self.args.total_timesteps:
-            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.eval_at(step, "eval")
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
-    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+    def eval_at(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
         params = actor_copy(
             self.learner.policy_params(), self.learner.act_device
         )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
+        returns = self.evaluate(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns)
             wandb_film(self.logger.wandb, video, step)
@@ -1470,7 +1481,7 @@ class Run:
         if not self.stopped:
             params = tree_arrays("params/", self.learner.policy_params())
             save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
-            returns = self.evaluation(step, "final")
+            returns = self.eval_at(step, "final")
         summary = {"run_dir": self.dir, "global_step": step}
         if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
             print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)

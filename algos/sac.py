@@ -316,21 +316,24 @@ class PrioritizedReplay:
         stored = len(prio) if isinstance(prio, np.ndarray) and prio.ndim == 1 else -1
         require(0 <= stored <= self.capacity, f"{path}: replay/priority is not a vector of <= {self.capacity} rows")
         get = functools.partial(checked_array, arrays, path=path)
-        prio, k = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
+        prio, next_index = get("replay/priority", (stored,), np.float64), int(get("replay/next_index", (), np.int64))
         top = float(get("replay/max_priority", (), np.float64))
         data = {key: get(f"replay/{key}", (stored,) + (s or (1,)), np.float32) for key, s in self.spec.items()}
         full = stored == self.capacity
         discount = data["discount"]
         ok = 0 < top <= 1e30 and np.all((prio >= 0) & (prio <= top))
         require(ok, f"{path}: replay priorities out of range [0, max]")
-        require(0 <= k < self.capacity and (k == stored or full), f"{path}: replay/next_index out of range")
+        require(
+            0 <= next_index < self.capacity and (next_index == stored or full),
+            f"{path}: replay/next_index out of range",
+        )
         require(np.all((discount >= 0) & (discount <= 1)), f"{path}: replay discounts out of range [0, 1]")
         with self.lock:
             self.buffer.clear()
             if stored:
                 self.buffer.add(**data, priorities=prio)
-                if full and k:  # rewrite [0, k) so that the next insert lands at k
-                    self.buffer.add(**{key: v[:k] for key, v in data.items()}, priorities=prio[:k])
+                if full and next_index:  # rewrite [0, next_index) so that the next insert lands there
+                    self.buffer.add(**{key: v[:next_index] for key, v in data.items()}, priorities=prio[:next_index])
                 # cpprb's max priority only rises: raise it on slot 0, then put slot 0's own back.
                 self.buffer.update_priorities(np.array([0]), np.array([top]))
                 self.buffer.update_priorities(np.array([0]), prio[:1])
@@ -506,7 +509,7 @@ class Learner:
         return True
 
     def beta(self, env_step: int) -> float:
-        return 1.0 + (self.args.per_beta0 - 1.0) * max(0.0, 1.0 - env_step / self.args.total_timesteps)
+        return linear_schedule(self.args.per_beta0, 1.0, self.args.total_timesteps, env_step)
 
     def sample(self, beta: float):
         """On the prefetch thread: (batches [K, B, ...] on the device(s), slot indexes, write counts)."""
@@ -565,6 +568,15 @@ def make_replay(args: Args, obs_dim: int, action_dim: int) -> PrioritizedReplay:
 
 
 # ------------------------------------------------------------------------------------------- ACTING
+
+
+# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
+
+
+# <<< shared: schedule
 
 
 # >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
@@ -636,15 +648,15 @@ def train(args: Args, env_fn=None) -> dict:
         cleanup.callback(learner.close)
         act = make_act(nets.actor)
         spaces = (envs.single_observation_space, envs.single_action_space)
-        play = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes)
-        run = Run(args, learner, env_fn, spaces, play, cleanup)
+        evaluator = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes)
+        run = Run(args, learner, env_fn, spaces, evaluator, cleanup)
         step, act_key = (
             run.start_step,
             jax.device_put(learner.key, learner.act_device),
         )  # the policy's inputs live where it runs
         envs.action_space.seed(args.seed + step)
         obs, _ = envs.reset(seed=args.seed + step)  # env state is not saved: a resume starts new episodes
-        run.evaluate(step)  # the one a signal cut short, if the run resumed from there
+        run.eval_if_due(step)  # the one a signal cut short, if the run resumed from there
         while step < args.total_timesteps and not run.stopped:
             # ACT: uniformly random actions until learning starts, then samples of the policy
             if step < args.learning_starts:
@@ -666,7 +678,7 @@ def train(args: Args, env_fn=None) -> dict:
 
             run.tally(step, reward, terminated | truncated)
             run.log(step, {})
-            run.evaluate(step)
+            run.eval_if_due(step)
             run.checkpoint(step)
         return run.finish(step)
 
@@ -855,7 +867,9 @@ def args_from_json(saved, where: str = "") -> Args:
     return args
 
 
+# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
 def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
     try:
         args.capture_video and __import__("moviepy")
@@ -866,6 +880,9 @@ def check_args(args: Args) -> Args:
     except ImportError:
         raise ConfigError("--track needs wandb: pip install wandb") from None
     return args
+
+
+# <<< shared: checks
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
@@ -980,10 +997,10 @@ Tick = collections.namedtuple("Tick", ["time", "step", "sgd_steps", "wait", "lea
 class Run:
     """train()'s harness: the run folder and args.json, resume, logging (tensorboard, W&B, eval.csv, the progress
     bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
-    a second Ctrl-C stops at once. play(params, seed=, video=, stop=) -> the returns of the evaluation's episodes."""
+    a second Ctrl-C stops at once. evaluate(params, seed=, video=, stop=) -> the returns of an evaluation's episodes."""
 
-    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, play, cleanup):
-        self.args, self.learner, self.play = args, learner, play
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, evaluate, cleanup):
+        self.args, self.learner, self.evaluate = args, learner, evaluate
         self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
@@ -1057,19 +1074,19 @@ class Run:
         if self.bar.disable and (step % (10 * self.args.log_every) < step - last.step or final):
             print(f"step {step:>8d}  {line}", flush=True)
 
-    def evaluate(self, step: int) -> None:
+    def eval_if_due(self, step: int) -> None:
         """Every --eval-every steps, and at a resume the one a signal cut short (the final one is finish()'s)."""
         if self.cut_short or self.next_eval <= step < self.args.total_timesteps:
-            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.evaluation(step, "eval")
+            self.next_eval, returns = next_multiple(step, self.args.eval_every), self.eval_at(step, "eval")
             self.last_eval = self.last_eval if returns is None else f"{returns.mean():.1f}"
 
-    def evaluation(self, step: int, prefix: str) -> Optional[np.ndarray]:
+    def eval_at(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
         params = actor_copy(
             self.learner.policy_params(), self.learner.act_device
         )  # the current params, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
-        returns = self.play(params, seed=seed, video=video, stop=self.stopped)
+        returns = self.evaluate(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:
             self.logger.eval(step, returns)
             wandb_film(self.logger.wandb, video, step)
@@ -1095,7 +1112,7 @@ class Run:
         if not self.stopped:
             params = tree_arrays("params/", self.learner.policy_params())
             save_npz(f"{self.dir}/model.npz", {**self.meta, "kind": "model"}, params)
-            returns = self.evaluation(step, "final")
+            returns = self.eval_at(step, "final")
         summary = {"run_dir": self.dir, "global_step": step}
         if self.stopped:  # also during the final evaluation, which the checkpoint before it makes safe
             print(f"stopped by signal {self.stopped[0]} at step {step}; continue with --resume {self.dir}", flush=True)

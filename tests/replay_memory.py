@@ -40,7 +40,7 @@ def fill(layout: str, capacity: int, episode: int, chunk: int = 1024, channels: 
     arrays = replay.write_count.nbytes + replay.priority.nbytes
     arrays += sum(v.nbytes for v in replay.buffer.get_all_transitions().values())
     if replay.frames is not None:
-        arrays += replay.frames.frames.nbytes
+        arrays += replay.frames.ring.nbytes
     return {
         "layout": layout,
         "capacity": capacity,
@@ -103,7 +103,7 @@ def filled_replay(layout: str, capacity: int, episode: int, chunk: int = 1024):
             for i in range(rows):
                 batch["obs"][i] = frames.stack[0]
                 done = np.array([(t + 1) % episode == 0])
-                reached, _ = frames.step(stacks[i + 1 : i + 2], first_stack(i) if done[0] else None, done)
+                reached, _ = frames.advance(stacks[i + 1 : i + 2], first_stack(i) if done[0] else None, done)
                 batch["next_obs"][i] = reached[0]
                 t += 1
         batch.update(

@@ -84,7 +84,7 @@ def test_real_ale_transitions_read_back_exactly_across_episode_ends_and_lives(mo
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         done = terminated | truncated
         reached = dqn.real_next_obs(next_obs, done, info)
-        stored_reached, stored_next = frames.step(reached, next_obs, done)
+        stored_reached, stored_next = frames.advance(reached, next_obs, done)
         lost, lives = dqn.lost_life(info, lives, done)
         ends = terminated | lost
         replay.add(compressed.push(stored, actions, reward, stored_reached, ends, truncated))
@@ -161,7 +161,7 @@ def test_sample_decodes_intact_rows_and_gives_stale_rows_weight_zero_and_no_writ
     for _ in range(6_000):  # wraps the replay
         obs, ids = streams.obs.copy(), frames.stack.copy()
         reached, next_obs, done = streams.step(p_done=0.9)
-        reached_ids, _ = frames.step(reached, next_obs, done)
+        reached_ids, _ = frames.advance(reached, next_obs, done)
         compressed.add({"obs": ids, "next_obs": reached_ids, **common})
         naive.add({"obs": obs, "next_obs": reached, **common})
     assert streams.count < 251 * 256  # every frame written has pixels of its own

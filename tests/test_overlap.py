@@ -87,7 +87,7 @@ def test_device_frames_round_trip(shape):
     def run(steps):
         for _ in range(steps):
             reached, next_obs, done = streams.step(p_done=0.05)
-            numbers, _ = frames.step(reached, next_obs, done)
+            numbers, _ = frames.advance(reached, next_obs, done)
             seen_numbers.append(numbers)
             seen_pixels.append(reached)
 
@@ -105,7 +105,7 @@ def test_device_frames_round_trip(shape):
         # every frame the device holds, one by one: the host ring's
         held = np.arange(max(0, oldest), frames.written) % capacity
         every = np.asarray(gather(device.store, held.astype(np.int32)))
-        np.testing.assert_array_equal(every, frames.frames[held])
+        np.testing.assert_array_equal(every, frames.ring[held])
 
     run(50)
     push_and_check()

@@ -54,7 +54,9 @@ def load_policy(path: str, env_id: Optional[str] = None):
     actor = sac.Actor(action_dim, saved.hidden_sizes)
     template = actor.init(sac.jax.random.PRNGKey(0), sac.jnp.zeros((1, obs_dim)))
     prefix = "train_state/actor_params/" if kind == "checkpoint" else "params/"
-    params = sac.jax.device_put(sac.restore_tree(template, arrays, prefix, path), sac.actor_device(sac.jax.devices()))
+    params = sac.jax.device_put(
+        sac.restore_tree(template, arrays, prefix, path), sac.actor_device("cpu", sac.jax.devices())
+    )
     return sac.make_act(actor), params, saved, env_fn, path  # acts on the host CPU
 
 
