@@ -383,15 +383,6 @@ class Learner:
         self.writer.shutdown()
 
 
-# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start at t = 0, linearly to end at t = duration, end after."""
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
-
-
-# <<< shared: schedule
-
-
 # >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
 def actor_device(where: str, learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
@@ -406,6 +397,11 @@ def actor_copy(params, device):
     """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
     replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
     return jax.device_put(replica, device, may_alias=False)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
 # <<< shared: acting
@@ -776,23 +772,6 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
-# <<< shared: files
-def args_from_json(saved, where: str = "") -> Args:
-    """Flags from JSON (a run folder's, maybe hostile), each checked, or one ConfigError naming the first bad one."""
-    at = f"{where}: " if where else ""
-    text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
-    try:
-        args = pydantic.TypeAdapter(Args).validate_json(text)
-    except pydantic.ValidationError as e:
-        error = e.errors()[0]
-        flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
-        raise ConfigError(f"{at}{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}") from None
-    require(args.num_devices != 0, f"{at}--num-devices must be positive or -1")
-    require(":" not in (args.env_id or "") or not where, f"{where}: env id {args.env_id!r} imports a module")
-    return args
-
-
-# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
 def check_args(args: Args) -> Args:
     """args_from_json's checks, then the optional packages the flags ask for."""
     args = args_from_json(dataclasses.asdict(args))
@@ -807,7 +786,20 @@ def check_args(args: Args) -> Args:
     return args
 
 
-# <<< shared: checks
+# <<< shared: files
+def args_from_json(saved, where: str = "") -> Args:
+    """Flags from JSON (a run folder's, maybe hostile), each checked, or one ConfigError naming the first bad one."""
+    at = f"{where}: " if where else ""
+    text = json.dumps(saved, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))  # numpy, paths
+    try:
+        args = pydantic.TypeAdapter(Args).validate_json(text)
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "the flags"
+        raise ConfigError(f"{at}{flag} {error['msg'].removeprefix('Input ')}, got {error.get('input')!r}") from None
+    require(args.num_devices != 0, f"{at}--num-devices must be positive or -1")
+    require(":" not in (args.env_id or "") or not where, f"{where}: env id {args.env_id!r} imports a module")
+    return args
 
 
 # ------------------------------------------------------------------------------------------ LOGGING

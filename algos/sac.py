@@ -570,15 +570,6 @@ def make_replay(args: Args, obs_dim: int, action_dim: int) -> PrioritizedReplay:
 # ------------------------------------------------------------------------------------------- ACTING
 
 
-# >>> shared: schedule (each script that holds it holds this text: tests/test_shared.py)
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """start at t = 0, linearly to end at t = duration, end after."""
-    return end + (start - end) * max(0.0, 1.0 - t / duration)
-
-
-# <<< shared: schedule
-
-
 # >>> shared: acting (each script that holds it holds this text: tests/test_shared.py)
 def actor_device(where: str, learner_devices):
     """The device that acts: the host CPU, as Acme's actors (a round trip to an accelerator per env step
@@ -593,6 +584,11 @@ def actor_copy(params, device):
     """The actor's own copy of device 0's replica on `device`, a copy even there (the next update donates it)."""
     replica = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, params)
     return jax.device_put(replica, device, may_alias=False)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
+    """start at t = 0, linearly to end at t = duration, end after."""
+    return end + (start - end) * max(0.0, 1.0 - t / duration)
 
 
 # <<< shared: acting
@@ -849,6 +845,20 @@ def restore_tree(template, arrays: dict, prefix: str, path: str):
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
 
 
+def check_args(args: Args) -> Args:
+    """args_from_json's checks, then the optional packages the flags ask for."""
+    args = args_from_json(dataclasses.asdict(args))
+    try:
+        args.capture_video and __import__("moviepy")
+    except ImportError:
+        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
+    try:
+        args.track and __import__("wandb")
+    except ImportError:
+        raise ConfigError("--track needs wandb: pip install wandb") from None
+    return args
+
+
 # <<< shared: files
 def args_from_json(saved, where: str = "") -> Args:
     """Flags from JSON (maybe hostile) in their types and ranges, or one ConfigError naming the first bad one."""
@@ -865,24 +875,6 @@ def args_from_json(saved, where: str = "") -> Args:
     require(args.learning_starts >= args.batch_size, f"{prefix}--learning-starts must be at least --batch-size")
     require(args.num_devices != 0, f"{prefix}--num-devices must be positive or -1 (all)")
     return args
-
-
-# >>> shared: checks (each script that holds it holds this text: tests/test_shared.py)
-def check_args(args: Args) -> Args:
-    """args_from_json's checks, then the optional packages the flags ask for."""
-    args = args_from_json(dataclasses.asdict(args))
-    try:
-        args.capture_video and __import__("moviepy")
-    except ImportError:
-        raise ConfigError("--capture-video needs moviepy: pip install moviepy") from None
-    try:
-        args.track and __import__("wandb")
-    except ImportError:
-        raise ConfigError("--track needs wandb: pip install wandb") from None
-    return args
-
-
-# <<< shared: checks
 
 
 # ------------------------------------------------------------------------------------------ LOGGING
@@ -1059,10 +1051,9 @@ class Run:
         self.next_log, seconds = next_multiple(step, self.args.log_every), self.tick.time - last.time
         sps = (step - last.step) / seconds
         scalars = {"charts/SPS": sps, **scalars, **learner.scalars(step)}
-        scalars["perf/updates_per_second"] = (self.tick.sgd_steps - last.sgd_steps) / seconds
-        scalars["perf/replay_ratio"] = (
-            (self.tick.sgd_steps - last.sgd_steps) * self.args.batch_size / (step - last.step)
-        )
+        sgd_steps = self.tick.sgd_steps - last.sgd_steps
+        scalars["perf/updates_per_second"] = sgd_steps / seconds
+        scalars["perf/replay_ratio"] = sgd_steps * self.args.batch_size / (step - last.step)  # rows drawn per env step
         if self.tick.learn > last.learn:
             scalars["perf/learner_wait_fraction"] = (self.tick.wait - last.wait) / (self.tick.learn - last.learn)
         self.logger.scalars(step, scalars)
@@ -1082,9 +1073,7 @@ class Run:
 
     def eval_at(self, step: int, prefix: str) -> Optional[np.ndarray]:
         video = (os.path.join(self.dir, "videos"), f"{prefix}-step-{step}") if self.args.capture_video else None
-        params = actor_copy(
-            self.learner.policy_params(), self.learner.act_device
-        )  # the current params, not the actor's
+        params = actor_copy(self.learner.policy_params(), self.learner.act_device)  # the current ones, not the actor's
         seed = self.args.seed + 10_000  # the same episodes every time: evaluations differ by the policy only
         returns = self.evaluate(params, seed=seed, video=video, stop=self.stopped)
         if returns is not None:

@@ -361,3 +361,18 @@ def test_a_peer_run_past_its_limit_is_stopped_and_says_so(tmp_path, monkeypatch)
         signal.signal(signal.SIGINT, ignored)
     assert row["rc"] != 0 and row["wall_s"] < 30 and row["tail"][-1] == "KeyboardInterrupt"  # SIGINT, as ^C
     assert row["stopped_at"] == 0 and row["rate"] is None  # stopped before it logged a step
+
+
+def test_stress_runs_stop_cleanly_and_their_checkpoints_resume(tmp_path):
+    """./benchmark.sh stress, short: two seed loops of dqn_prioritized.py's train() stopped by one Ctrl-C each
+    (runs 0 and 1 draw no second one); each must stop by KeyboardInterrupt, not abort, and its stop checkpoint
+    must resume. Seen failing (rc -6, exit 1) against a copy that aborts after its stop checkpoint."""
+    stress = [sys.executable, os.path.join(ROOT, "benchmark", "stress.py"), "dqn", "--runs", "2", "--jobs", "2"]
+    flags = ["--earliest", "8", "--latest", "10", "--out", str(tmp_path)]
+    done = subprocess.run(stress + flags, capture_output=True, text=True, timeout=600)
+    with open(tmp_path / "dqn" / "results.jsonl") as f:
+        results = [json.loads(line) for line in f]
+    assert done.returncode == 0 and len(results) == 2, done.stdout + done.stderr
+    for result in results:
+        assert result["rc"] == -signal.SIGINT and not result["abort"], result
+        assert result["checkpoint"] and result["loaded"], result

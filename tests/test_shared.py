@@ -13,8 +13,6 @@ HOLDERS = {
     "tracking": set(SCRIPTS),
     "harness": {"dqn_prioritized", "sac", "apex_dqn"},
     "acting": set(SCRIPTS),
-    "schedule": set(SCRIPTS),
-    "checks": set(SCRIPTS),
 }  # which scripts hold each region
 MARKER = re.compile(r"^# (>>>|<<<) shared: (\w+)")
 
