@@ -25,11 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 # A seed loop as a researcher writes it: train() for each seed, stopping when Ctrl-C raises KeyboardInterrupt.
 # The flags keep the run busy (learning, prefetch, evaluations, checkpoints) for longer than the signal waits.
 CHILD = """
-import dataclasses, importlib.util, sys
+import dataclasses, importlib.util, os, sys
 spec = importlib.util.spec_from_file_location("algo", sys.argv[1])
 algo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(algo)
 args = algo.parse_args(sys.argv[3:])
+if os.environ.get("STRESS_JAX_FIRST"):  # the caller used JAX before train(): its CPU client is made with the defaults
+    algo.jax.numpy.zeros(1).block_until_ready()
 for seed in (1, 2, 3):
     algo.train(dataclasses.replace(args, seed=seed, run_dir=f"{sys.argv[2]}/seed{seed}"))
 """
@@ -55,7 +57,7 @@ def one(i: int, opts) -> dict:
     rng = random.Random(i)
     folder = os.path.join(opts.out, f"run{i:04d}")
     script = os.path.join(opts.repo, "algos", SCRIPTS[opts.script])
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", STRESS_JAX_FIRST="1" if opts.jax_first else "")
     command = [sys.executable, "-c", CHILD, script, folder] + (
         shlex.split(opts.flags) if opts.flags else FLAGS[opts.script]
     )
@@ -100,6 +102,7 @@ def main() -> int:
     parser.add_argument("--earliest", type=float, default=6.0, help="seconds after the start (imports, compiles)")
     parser.add_argument("--latest", type=float, default=20.0)
     parser.add_argument("--flags", help="the script's flags (default: FLAGS[SCRIPT])")
+    parser.add_argument("--jax-first", action="store_true", help="the loop uses JAX before train() (async dispatch)")
     parser.add_argument("--out", default="runs/stress")
     parser.add_argument("--repo", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     opts = parser.parse_args()
