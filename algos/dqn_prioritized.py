@@ -1385,17 +1385,18 @@ class Run:
         write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
         progress = tqdm.tqdm(total=args.total_timesteps, initial=self.start_step, unit="step", disable=None)
         self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
+        self.saved_step = self.start_step if args.resume else None
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
         every = (args.log_every, args.eval_every, args.checkpoint_every)
         self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.start_step, n) for n in every)
-        self.saved_step = self.start_step if args.resume else None
         self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         self.tick = Tick(time.perf_counter(), self.start_step, learner.sgd_steps, 0.0, 0.0)
 
     def on_signal(self, signum, frame):
         if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
-            print(f"a second Ctrl-C: stopped at once; --resume {self.dir} continues from the last checkpoint")
+            resume = f"--resume {self.dir} continues from step {self.saved_step}"
+            print(f"a second Ctrl-C: stopped at once; {resume if self.saved_step is not None else 'no checkpoint yet'}")
             raise KeyboardInterrupt
         self.stopped.append(signum)
 
