@@ -839,6 +839,36 @@ def wandb_film(run, video, step: int) -> None:
 # <<< shared: tracking
 
 
+# >>> shared: signals (each script that holds it holds this text: tests/test_shared.py)
+class Signals:
+    """SIGINT and SIGTERM from the start of train() to its end: the first asks the run to stop (it checkpoints); a
+    second Ctrl-C stops at once (not a second SIGTERM: `timeout` sends it to the run and its group), but never inside
+    JAX: interrupted in a compile, the process crashed as it exited (docs/reliability.md). From inside JAX the
+    KeyboardInterrupt is raised by check(), at the next checkpoint or the run's end."""
+
+    def __init__(self, cleanup):
+        self.stopped, self.interrupted, self.resume = [], False, "no checkpoint yet"
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+
+    def on_signal(self, signum, frame):
+        if self.stopped and signum == signal.SIGINT:
+            print(f"a second Ctrl-C: stopped at once; {self.resume}", flush=True)
+            self.interrupted = True
+            while frame is not None and not frame.f_globals.get("__name__", "").startswith(("jax.", "jaxlib.")):
+                frame = frame.f_back
+            if frame is None:  # not inside JAX
+                raise KeyboardInterrupt
+        self.stopped.append(signum)
+
+    def check(self) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+
+# <<< shared: signals
+
+
 class Logger:
     """Tensorboard events (a file flushed at each log tick), eval.csv, and with --track the same scalars to W&B."""
 
@@ -918,6 +948,7 @@ def train(args: Args) -> dict:
     dataset = PrioritizedDataset(examples.observations, examples.actions, alpha, args.per_eps, args.seed)
     print(f"{len(examples.rewards)} examples from {len(args.dataset)} file(s), env {data.env_id}, loss {data.mode}")
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        signals = Signals(cleanup)  # first: a Ctrl-C while JAX compiles at the start stops the run too
         async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
@@ -934,9 +965,9 @@ def train(args: Args) -> dict:
         saved = json.dumps({"script": SCRIPT, "args": dataclasses.asdict(args)}, indent=2).encode()
         write_atomic(os.path.join(run_dir, "args.json"), lambda f: f.write(saved))
         bar = cleanup.enter_context(tqdm.tqdm(total=args.total_updates, initial=step, unit="update", disable=None))
-        last_eval, saved_step, stopped = "-", step if args.resume else None, []
-        for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, functools.partial(on_signal, stopped)))
+        last_eval, saved_step, stopped = "-", step if args.resume else None, signals.stopped
+        if args.resume:
+            signals.resume = f"--resume {run_dir} continues from update {step}"
         tick = dict(time=time.perf_counter(), step=step, wait=0.0, learn=0.0)  # the learner's counters at a log
         meta = {"format": FORMAT, "script": SCRIPT, "args": dataclasses.asdict(args), "env_id": data.env_id}
         meta.update(mode=data.mode, out_dim=data.out_dim, ref_min=data.ref_min, ref_max=data.ref_max)
@@ -944,9 +975,10 @@ def train(args: Args) -> dict:
 
         def checkpoint():
             nonlocal saved_step
+            signals.check()  # before a write a second Ctrl-C was to cut short
             counters = {"kind": "checkpoint", "global_step": step, "digest": data.digest, "cut_short": cut_short}
             save_npz(f"{run_dir}/checkpoint.npz", {**meta, **counters}, {**learner.state_dict(), **stats_arrays})
-            saved_step = step
+            saved_step, signals.resume = step, f"--resume {run_dir} continues from update {step}"
 
         def evaluation(prefix: str):
             nonlocal last_eval, cut_short
@@ -985,6 +1017,7 @@ def train(args: Args) -> dict:
                 evaluation("eval")  # the final evaluation comes after the loop
             if args.checkpoint_every and step // args.checkpoint_every > before // args.checkpoint_every:
                 checkpoint()
+        signals.check()
         if saved_step != step:
             checkpoint()
         bar.update(step - bar.n)  # the steps after the last log tick
@@ -1012,14 +1045,6 @@ def load_checkpoint(run_dir: str, learner: Learner, digest: str, total: int) -> 
     note = f"; the lr and beta schedules now run to --total-updates {total}, not {was}"
     print(f"resumed {run_dir} at update {learner.sgd_steps}{note if was not in (None, total) else ''}")
     return meta.get("cut_short", meta.get("eval_missed")) is True  # eval_missed: f6a5972's name
-
-
-def on_signal(stopped: list, signum, frame):
-    """SIGINT/SIGTERM: the loop stops between calls (an evaluation at once) and checkpoints; a second Ctrl-C
-    interrupts at once (a second SIGTERM does not: `timeout` sends it to the run and to its process group)."""
-    if stopped and signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    stopped.append(signum)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -628,6 +628,7 @@ def train(args: Args, env_fn=None) -> dict:
     warn(args)
     env_fn = env_fn or functools.partial(make_env, args.env_id)
     with contextlib.ExitStack() as cleanup:  # closes what was opened, in reverse, however the run ends
+        signals = Signals(cleanup)  # first: a Ctrl-C while JAX compiles at the start stops the run too
         async_dispatch = jax.config.read("jax_cpu_enable_async_dispatch")
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # the small policy call costs less without it
         cleanup.callback(jax.config.update, "jax_cpu_enable_async_dispatch", async_dispatch)  # as found, after
@@ -645,7 +646,7 @@ def train(args: Args, env_fn=None) -> dict:
         act = make_act(nets.actor)
         spaces = (envs.single_observation_space, envs.single_action_space)
         evaluator = functools.partial(evaluate, act, env_fn=env_fn, episodes=args.eval_episodes)
-        run = Run(args, learner, env_fn, spaces, evaluator, cleanup)
+        run = Run(args, learner, env_fn, spaces, evaluator, signals, cleanup)
         step, act_key = (
             run.start_step,
             jax.device_put(learner.key, learner.act_device),
@@ -914,6 +915,36 @@ def wandb_film(run, video, step: int) -> None:
 # <<< shared: tracking
 
 
+# >>> shared: signals (each script that holds it holds this text: tests/test_shared.py)
+class Signals:
+    """SIGINT and SIGTERM from the start of train() to its end: the first asks the run to stop (it checkpoints); a
+    second Ctrl-C stops at once (not a second SIGTERM: `timeout` sends it to the run and its group), but never inside
+    JAX: interrupted in a compile, the process crashed as it exited (docs/reliability.md). From inside JAX the
+    KeyboardInterrupt is raised by check(), at the next checkpoint or the run's end."""
+
+    def __init__(self, cleanup):
+        self.stopped, self.interrupted, self.resume = [], False, "no checkpoint yet"
+        for s in (signal.SIGINT, signal.SIGTERM):
+            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+
+    def on_signal(self, signum, frame):
+        if self.stopped and signum == signal.SIGINT:
+            print(f"a second Ctrl-C: stopped at once; {self.resume}", flush=True)
+            self.interrupted = True
+            while frame is not None and not frame.f_globals.get("__name__", "").startswith(("jax.", "jaxlib.")):
+                frame = frame.f_back
+            if frame is None:  # not inside JAX
+                raise KeyboardInterrupt
+        self.stopped.append(signum)
+
+    def check(self) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+
+# <<< shared: signals
+
+
 # >>> shared: harness (each script that holds it holds this text: tests/test_shared.py)
 class Logger:
     """Tensorboard events written on this thread, flushed at each log tick (EventFileWriter's thread cost 12%:
@@ -991,8 +1022,8 @@ class Run:
     bar), evaluations, checkpoints, and the signals: a first Ctrl-C or SIGTERM stops the loop, which checkpoints;
     a second Ctrl-C stops at once. evaluate(params, seed=, video=, stop=) -> the returns of an evaluation's episodes."""
 
-    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, evaluate, cleanup):
-        self.args, self.learner, self.evaluate = args, learner, evaluate
+    def __init__(self, args: Args, learner: Learner, env_fn, spaces: tuple, evaluate, signals: Signals, cleanup):
+        self.args, self.learner, self.evaluate, self.signals = args, learner, evaluate, signals
         self.dir, self.start_step, self.episodes, self.cut_short = open_run_dir(args), 0, 0, False
         video = (os.path.join(self.dir, "videos"), "probe") if args.capture_video else None
         try:  # called as the evaluations will call it: a bad factory fails before the first env step
@@ -1015,21 +1046,14 @@ class Run:
         saved = json.dumps({"script": SCRIPT, "args": self.meta["args"]}, indent=2).encode()
         write_atomic(os.path.join(self.dir, "args.json"), lambda f: f.write(saved))
         progress = tqdm.tqdm(total=args.total_timesteps, initial=self.start_step, unit="step", disable=None)
-        self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), [], "-"
+        self.bar, self.stopped, self.last_eval = cleanup.enter_context(progress), signals.stopped, "-"
         self.saved_step = self.start_step if args.resume else None
-        for s in (signal.SIGINT, signal.SIGTERM):
-            cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
+        if args.resume:
+            signals.resume = f"--resume {self.dir} continues from step {self.start_step}"
         every = (args.log_every, args.eval_every, args.checkpoint_every)
         self.next_log, self.next_eval, self.next_checkpoint = (next_multiple(self.start_step, n) for n in every)
         self.returns, self.lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         self.tick = Tick(time.perf_counter(), self.start_step, learner.sgd_steps, 0.0, 0.0)
-
-    def on_signal(self, signum, frame):
-        if self.stopped and signum == signal.SIGINT:  # not SIGTERM: `timeout` sends it to the run and its group
-            resume = f"--resume {self.dir} continues from step {self.saved_step}"
-            print(f"a second Ctrl-C: stopped at once; {resume if self.saved_step is not None else 'no checkpoint yet'}")
-            raise KeyboardInterrupt
-        self.stopped.append(signum)
 
     def tally(self, step: int, reward, done) -> None:
         """Each env's return and length so far; an episode's are logged as it ends."""
@@ -1087,14 +1111,16 @@ class Run:
         """Every --checkpoint-every steps (or now, if due): the learner's state, the replay and the counters."""
         if step < self.next_checkpoint and not due:
             return
+        self.signals.check()  # before a write a second Ctrl-C was to cut short
         self.next_checkpoint = next_multiple(step, self.args.checkpoint_every)
         counters = {"kind": "checkpoint", "global_step": step, "episodes": self.episodes, "cut_short": self.cut_short}
         save_npz(os.path.join(self.dir, "checkpoint.npz"), {**self.meta, **counters}, self.learner.state_dict())
-        self.saved_step = step
+        self.saved_step, self.signals.resume = step, f"--resume {self.dir} continues from step {step}"
 
     def finish(self, step: int) -> dict:
         """The last checkpoint, the model, the final evaluation; after a signal, how to resume (a Ctrl-C then
         raises KeyboardInterrupt, so that a caller's loop over seeds stops too)."""
+        self.signals.check()
         if self.saved_step != step:
             self.checkpoint(step, due=True)
         self.bar.update(step - self.bar.n)  # the steps after the last log tick

@@ -28,10 +28,9 @@ def same(a, b) -> bool:
 def test_actor_device_rule(script):
     cpu = jax.devices("cpu")[0]
     tpu = [types.SimpleNamespace(platform="tpu", id=i) for i in range(2)]
-    where = ("cpu",) if script is dqn else ()  # DQN's --actor-device; SAC always acts on the CPU
-    assert script.actor_device(*where, tpu) is cpu  # an accelerator learns, the host CPU acts
+    assert script.actor_device("cpu", tpu) is cpu  # an accelerator learns, the host CPU acts (SAC: always)
     cpus = jax.devices("cpu")
-    assert script.actor_device(*where, cpus) is cpus[0]  # a CPU learner acts where it learns
+    assert script.actor_device("cpu", cpus) is cpus[0]  # a CPU learner acts where it learns
 
 
 def test_dqn_acts_on_the_learners_device_when_told_and_the_atari_preset_tells_it():
@@ -49,7 +48,7 @@ def test_without_a_cpu_backend_the_learner_acts(script, monkeypatch):
 
     tpu = [types.SimpleNamespace(platform="tpu", id=0)]
     monkeypatch.setattr(script.jax, "devices", devices)
-    assert script.actor_device(*(("cpu",) if script is dqn else ()), tpu) is tpu[0]
+    assert script.actor_device("cpu", tpu) is tpu[0]
 
 
 @pytest.mark.parametrize("script", [dqn, sac, bc])

@@ -3,6 +3,7 @@ with, priorities a numpy double-Q computes, its epsilon, its parameter syncs), t
 checkpoint round trip, and whole runs on a local Ray: solving CartPole-v1 with 2 actors, an actor
 killed with SIGKILL mid-run, resume, joining a running Ray, bad input."""
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -492,13 +493,13 @@ def test_a_checkpoint_member_that_is_not_an_array_and_a_flag_this_script_lacks_a
 def test_a_second_sigterm_is_not_a_second_ctrl_c():
     """GNU timeout sends SIGTERM to the run and then to its process group: the second one leaves
     the checkpoint to be written; a second Ctrl-C still interrupts at once."""
-    run = apex.Run.__new__(apex.Run)  # the harness's handler alone
-    run.stopped, run.dir = [], "runs/x"
-    run.on_signal(signal.SIGTERM, None)
-    run.on_signal(signal.SIGTERM, None)
-    assert set(run.stopped) == {signal.SIGTERM}  # asked to stop, not interrupted
-    with pytest.raises(KeyboardInterrupt):
-        run.on_signal(signal.SIGINT, None)
+    with contextlib.ExitStack() as cleanup:
+        signals = apex.Signals(cleanup)
+        signals.on_signal(signal.SIGTERM, None)
+        signals.on_signal(signal.SIGTERM, None)
+        assert set(signals.stopped) == {signal.SIGTERM}  # asked to stop, not interrupted
+        with pytest.raises(KeyboardInterrupt):
+            signals.on_signal(signal.SIGINT, None)
 
 
 def test_train_leaves_jax_settings_as_it_found_them_when_it_fails(tmp_path):

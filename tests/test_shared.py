@@ -13,6 +13,7 @@ HOLDERS = {
     "tracking": set(SCRIPTS),
     "harness": {"dqn_prioritized", "sac", "apex_dqn"},
     "acting": set(SCRIPTS),
+    "signals": set(SCRIPTS),
 }  # which scripts hold each region
 MARKER = re.compile(r"^# (>>>|<<<) shared: (\w+)")
 
