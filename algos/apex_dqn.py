@@ -832,7 +832,8 @@ def train(args: Args) -> dict:
         replay = PrioritizedReplay(args.buffer_size, space.shape, space.dtype, alpha, args.per_eps)
         learner = Learner(args, network, replay, space.shape)
         cleanup.callback(learner.close)
-        started_ray = start_ray(args)  # first: a bad address writes nothing, and our signal handlers replace Ray's
+        started_ray = start_ray(args)  # before the run folder: a bad address writes nothing
+        signals.install(cleanup)  # again: Ray's start took SIGTERM
         import ray
 
         if started_ray:
@@ -1126,6 +1127,10 @@ class Signals:
 
     def __init__(self, cleanup):
         self.stopped, self.interrupted, self.resume = [], False, "no checkpoint yet"
+        self.install(cleanup)
+
+    def install(self, cleanup) -> None:
+        """Takes both (again after a library took them: Ray does); the handlers found are put back at the end."""
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
 

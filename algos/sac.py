@@ -924,6 +924,10 @@ class Signals:
 
     def __init__(self, cleanup):
         self.stopped, self.interrupted, self.resume = [], False, "no checkpoint yet"
+        self.install(cleanup)
+
+    def install(self, cleanup) -> None:
+        """Takes both (again after a library took them: Ray does); the handlers found are put back at the end."""
         for s in (signal.SIGINT, signal.SIGTERM):
             cleanup.callback(signal.signal, s, signal.signal(s, self.on_signal))
 
