@@ -113,6 +113,7 @@ def main() -> int:
         for result in pool.map(lambda i: one(i, opts), range(opts.runs)):
             print(json.dumps(result), flush=True)
             out.write(json.dumps(result) + "\n")
+            out.flush()
             counts["runs"] += 1
             counts["aborts"] += result["abort"]
             counts["checkpoints"] += result["checkpoint"]
