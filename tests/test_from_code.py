@@ -4,6 +4,8 @@ found them, and a network changed in the script is the one the tools load."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import flax.linen as nn
 import gymnasium as gym
@@ -11,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import load_script, load_tool
+from helpers import ROOT, load_script, load_tool
 
 dqn, sac = load_script("dqn_prioritized"), load_script("sac")
 SMALL = dict(hidden_sizes=(16,), learning_starts=200, batch_size=32, buffer_size=2000, updates_per_call=4)
@@ -207,3 +209,30 @@ def test_a_second_ctrl_c_inside_jax_is_raised_as_jax_returns(name):
         with pytest.raises(KeyboardInterrupt):
             signals.on_signal(signal.SIGINT, types.SimpleNamespace(f_globals={"__name__": name}, f_back=None))
     assert signal.getsignal(signal.SIGINT) is not signals.on_signal  # put back
+
+
+def test_a_second_ctrl_c_while_xla_compiles_is_raised_after_and_the_exit_is_clean(tmp_path):
+    """The crash itself (results/runs/stress/compile_interrupt.py): a KeyboardInterrupt raised while XLA compiles
+    makes the process segfault as it exits. With the script's Signals the second Ctrl-C, sent while a 300-layer
+    function compiles, waits for the compile; check() raises it, and Python exits as a Ctrl-C leaves it (-SIGINT).
+    Seen failing (rc -11, 3 of 3) with 57a2ec6's handler (a second Ctrl-C raised at once) in place of Signals."""
+    code = f"""
+import contextlib, importlib.util, os, signal, threading
+import jax, jax.numpy as jnp
+spec = importlib.util.spec_from_file_location("dqn", {os.path.join(ROOT, "algos", "dqn_prioritized.py")!r})
+dqn = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(dqn)
+def big(x):
+    for i in range(300):
+        x = jnp.sin(x @ x.T) + i
+    return x.sum()
+with contextlib.ExitStack() as cleanup:
+    signals = dqn.Signals(cleanup)
+    os.kill(os.getpid(), signal.SIGINT)  # the first: a stop
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # the second, while XLA compiles
+    jax.jit(big)(jnp.ones((64, 64))).block_until_ready()
+    print("compiled", signals.interrupted, flush=True)
+    signals.check()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGINT and "compiled True" in done.stdout, (done.returncode, done.stderr[-2000:])
