@@ -1286,10 +1286,9 @@ def wandb_film(run, video, step: int) -> None:
 
 # >>> shared: signals (each script that holds it holds this text: tests/test_shared.py)
 class Signals:
-    """SIGINT and SIGTERM from the start of train() to its end: the first asks the run to stop (it checkpoints); a
-    second Ctrl-C stops at once (not a second SIGTERM: `timeout` sends it to the run and its group), but never inside
-    JAX: interrupted in a compile, the process crashed as it exited (docs/reliability.md). From inside JAX the
-    KeyboardInterrupt is raised by check(), at the next checkpoint or the run's end."""
+    """SIGINT and SIGTERM during train(): the first stops the run (it checkpoints); a second Ctrl-C (not SIGTERM:
+    `timeout` sends it twice) stops at once, but inside JAX (a compile interrupted there crashed the exit:
+    docs/reliability.md) it only marks the run, and check() raises it at the next checkpoint or the run's end."""
 
     def __init__(self, cleanup):
         self.stopped, self.interrupted, self.resume = [], False, "no checkpoint yet"
